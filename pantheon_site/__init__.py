@@ -1,0 +1,1 @@
+"""Pantheon's Django project: settings, URLs, ASGI entry point, Celery app, and cross-cutting pieces."""
