@@ -1,9 +1,186 @@
-"""Placeholder settings; the platform issue replaces this with environment-driven settings."""
+"""Pantheon's settings, read from the environment and nowhere else.
 
+With no environment at all Pantheon runs self-contained: an embedded SQLite file under PANTHEON_DATA_DIR, the
+in-memory Channels layer and eager Celery tasks. DATABASE_URL (PostgreSQL through psycopg 3) and REDIS_URL (Channels
+layer and Celery broker) switch to the production services. Every PANTHEON_* setting below is also an environment
+variable of the same name; the defaults are the spec's.
+"""
+
+import os
+import secrets
 from pathlib import Path
 
+import dj_database_url
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-SECRET_KEY = "placeholder"
-INSTALLED_APPS = []
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+
+
+def _env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _persistent_secret(path: Path) -> str:
+    """A random key created once under the data folder, so token digests survive restarts without configuration.
+
+    Written to a private temporary file and linked into place, so two processes starting at once agree on one key.
+    """
+    if not path.exists():
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        draft.write_text(secrets.token_urlsafe(48))
+        draft.chmod(0o600)
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+# --- where Pantheon keeps its files -------------------------------------------------------------------------------
+
+PANTHEON_DATA_DIR = Path(_env_str("PANTHEON_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+PANTHEON_DATA_DIR.mkdir(parents=True, exist_ok=True)
+# Sockets, pid and port files of a running server (`serve` writes them, `load_model` finds the server through them).
+PANTHEON_RUN_DIR = PANTHEON_DATA_DIR / "run"
+
+# --- Django core --------------------------------------------------------------------------------------------------
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _persistent_secret(PANTHEON_DATA_DIR / "secret_key")
+# Key of the HMAC that stores access tokens; separate so that rotating SECRET_KEY need not revoke every token.
+PANTHEON_TOKEN_HMAC_KEY = os.environ.get("PANTHEON_TOKEN_HMAC_KEY") or SECRET_KEY
+DEBUG = _env_bool("PANTHEON_DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in _env_str("PANTHEON_ALLOWED_HOSTS", "*").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "daphne",
+    "channels",
+    "rest_framework",
+    "pantheon_site",
+    "inference",
+    "weights",
+    "admin_ui",
+]
+
+MIDDLEWARE = [
+    "pantheon_site.middleware.RequestIdMiddleware",
+    "pantheon_site.middleware.ErrorEnvelopeMiddleware",
+]
+
+ROOT_URLCONF = "pantheon_site.urls"
+ASGI_APPLICATION = "pantheon_site.asgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+    }
+]
+
+if os.environ.get("DATABASE_URL"):
+    # No persistent connections: under ASGI each request may run its queries on another thread (Django docs).
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": PANTHEON_DATA_DIR / "pantheon.sqlite3",
+            # The test database is a file too (not in memory), so that a `serve` or `manage.py` subprocess started
+            # by a test sees the same rows; the pid keeps concurrent test runs apart.
+            "TEST": {"NAME": PANTHEON_DATA_DIR / f"test-{os.getpid()}.sqlite3"},
+            # Immediate transactions and a busy timeout let the server and a `manage.py` command take turns writing
+            # instead of failing with "database is locked".
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
 USE_TZ = True
+TIME_ZONE = "UTC"
+USE_I18N = False
+
+# Chat prompts and session blobs can be large; the spec sets no limit of its own.
+DATA_UPLOAD_MAX_MEMORY_SIZE = _env_int("PANTHEON_MAX_BODY_BYTES", 64 * 1024 * 1024)
+
+# --- Channels, Celery ---------------------------------------------------------------------------------------------
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_TASK_ALWAYS_EAGER = False
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CELERY_BROKER_URL = "memory://localhost/"
+    CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_IGNORE_RESULT = True
+
+# --- Django REST framework: used for body validation, never for auth on /v1 ------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.AllowAny"],
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "pantheon_site.errors.drf_exception_handler",
+}
+
+# --- logging: one console stream; tokens never reach it (see pantheon_site/tokens.py) --------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": _env_str("PANTHEON_LOG_LEVEL", "INFO")},
+}
+
+# --- Pantheon: serving ------------------------------------------------------------------------------------------------
+
+# Batched decode slots per model, and the FIFO queue in front of them (spec: 8 slots, depth 32, 30 s wait).
+PANTHEON_BATCH_SLOTS = _env_int("PANTHEON_BATCH_SLOTS", 8)
+PANTHEON_QUEUE_DEPTH = _env_int("PANTHEON_QUEUE_DEPTH", 32)
+PANTHEON_QUEUE_WAIT_S = _env_float("PANTHEON_QUEUE_WAIT_S", 30.0)
+# Prompt tokens per prefill chunk, so decode steps of other requests interleave with a long prefill.
+PANTHEON_PREFILL_CHUNK = _env_int("PANTHEON_PREFILL_CHUNK", 128)
+# Sessions: reaped after this long idle (12 h); released this long after their last watch closes (45 s).
+PANTHEON_SESSION_IDLE_TTL_S = _env_float("PANTHEON_SESSION_IDLE_TTL_S", 12 * 3600.0)
+PANTHEON_SESSION_WATCH_GRACE_S = _env_float("PANTHEON_SESSION_WATCH_GRACE_S", 45.0)
+# How long an unload waits for generations in flight before it gives up with unload_failed.
+PANTHEON_UNLOAD_DRAIN_TIMEOUT_S = _env_float("PANTHEON_UNLOAD_DRAIN_TIMEOUT_S", 60.0)
+# /v1 is open unless this is set; then a client, trainer or operator token is required.
+PANTHEON_REQUIRE_CLIENT_TOKENS = _env_bool("PANTHEON_REQUIRE_CLIENT_TOKENS", False)
+
+# --- Pantheon: worker processes ---------------------------------------------------------------------------------------
+
+# Devices that get a worker: a comma-separated list such as "cpu,cuda:0"; empty means cpu plus every visible GPU.
+PANTHEON_WORKER_DEVICES = [d.strip() for d in _env_str("PANTHEON_WORKER_DEVICES", "").split(",") if d.strip()]
+# A dead worker is restarted after a backoff that doubles from the first value up to the second.
+PANTHEON_WORKER_RESTART_BACKOFF_S = _env_float("PANTHEON_WORKER_RESTART_BACKOFF_S", 0.5)
+PANTHEON_WORKER_RESTART_BACKOFF_MAX_S = _env_float("PANTHEON_WORKER_RESTART_BACKOFF_MAX_S", 30.0)
+# How long a starting worker may take to report ready, and how long without a heartbeat before it counts as dead.
+PANTHEON_WORKER_START_TIMEOUT_S = _env_float("PANTHEON_WORKER_START_TIMEOUT_S", 60.0)
+PANTHEON_WORKER_HEARTBEAT_INTERVAL_S = _env_float("PANTHEON_WORKER_HEARTBEAT_INTERVAL_S", 1.0)
+PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S = _env_float("PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S", 10.0)
+# How long a load may take in the worker before the control plane reports load_failed.
+PANTHEON_LOAD_TIMEOUT_S = _env_float("PANTHEON_LOAD_TIMEOUT_S", 600.0)

@@ -67,6 +67,9 @@ class ModelConfig:
             raise LoadError(path, f"unsupported hidden_act {act!r}; only silu (SwiGLU) is implemented")
         if raw.get("mlp_bias"):
             raise LoadError(path, "mlp_bias is not supported")
+        if arch != "qwen2" and raw.get("attention_bias"):
+            # qwen2 always has q/k/v bias and no o bias; elsewhere attention_bias also adds o_proj.bias.
+            raise LoadError(path, f"attention_bias is not supported for {arch}")
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -86,7 +89,7 @@ class ModelConfig:
                 rope_theta=rope_theta,
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+                attention_bias=arch == "qwen2",
                 qk_norm=arch == "qwen3",
                 rope_scaling=_rope_scaling(raw, path),
                 sliding_window=_sliding_window(raw),

@@ -1,0 +1,151 @@
+"""Turns GGUF tensor data (plain floats or ggml quantized blocks) into float32 torch tensors.
+
+The engine computes in float32/bfloat16/float16, so quantized GGUF weights are expanded once, at load. Each block
+format is decoded with whole-tensor torch bit operations (no Python loop over blocks); tensors are processed in
+chunks of blocks only to bound the size of the integer temporaries.
+
+Block layouts (ggml): every quantized row is a run of fixed-size blocks along `ne0`, the input dimension.
+- Q8_0 (32 values, 34 bytes): f16 scale d, 32 x int8 q.                         x = d * q
+- Q4_0 (32 values, 18 bytes): f16 d, 16 bytes of nibbles; low nibbles are values 0..15, high ones 16..31.
+                                                                                x = d * (q - 8)
+- Q4_K (256 values, 144 bytes): f16 d, f16 dmin, 12 bytes packing eight 6-bit (scale, min) pairs, 128 bytes of
+  nibbles in four 32-byte groups; group g holds sub-block 2g in its low nibbles and 2g+1 in its high ones.
+                                                                                x = d * sc[j] * q - dmin * m[j]
+- Q5_K (256 values, 176 bytes): as Q4_K with 32 bytes of high bits between scales and nibbles; bit j of byte l
+  is the fifth bit of value l of sub-block j.
+- Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales (one per 16
+  values), f16 d. Each 128-value half uses 64 nibble bytes and 32 high bytes.    x = d * sc[j] * (q - 32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+Q = GGMLQuantizationType
+
+# Values decoded per step: enough to keep torch's kernels busy, few enough that the temporaries stay in cache.
+_CHUNK_VALUES = 1 << 20
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    # raw: [N, 2] uint8 -> [N, 1] float32
+    return raw.contiguous().view(torch.float16).float()
+
+
+def _dequant_q8_0(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 34] uint8 -> [N, 32]
+    d = _f16(blocks[:, :2])
+    q = blocks[:, 2:].contiguous().view(torch.int8).float()
+    return q * d
+
+
+def _dequant_q4_0(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 18] uint8 -> [N, 32]
+    d = _f16(blocks[:, :2])
+    packed = blocks[:, 2:]
+    q = torch.cat([packed & 0x0F, packed >> 4], dim=1).to(torch.int8) - 8
+    return d * q.float()
+
+
+def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # packed: [N, 12] uint8 -> (scales [N, 8], mins [N, 8]) as float32.
+    # Bytes 0-3: low 6 bits = scale of sub-blocks 0-3, top 2 bits = bits 4-5 of scale 4-7.
+    # Bytes 4-7: the same for the mins. Bytes 8-11: low nibble = bits 0-3 of scale 4-7, high nibble = of min 4-7.
+    sc_lo, m_lo, extra = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = torch.cat([sc_lo & 0x3F, (extra & 0x0F) | ((sc_lo >> 6) << 4)], dim=1)
+    mins = torch.cat([m_lo & 0x3F, (extra >> 4) | ((m_lo >> 6) << 4)], dim=1)
+    return scales.float(), mins.float()
+
+
+def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    # qs: [N, 128] uint8 -> [N, 8, 32] values 0..15, sub-block 2g from group g's low nibbles, 2g+1 from its high ones
+    groups = qs.reshape(-1, 4, 1, 32)
+    return torch.cat([groups & 0x0F, groups >> 4], dim=2).reshape(-1, 8, 32)
+
+
+def _dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 144] uint8 -> [N, 256]
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    q = _k_low_nibbles(blocks[:, 16:144]).float()
+    return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1, 256)
+
+
+_BIT_OF_SUBBLOCK = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
+
+
+def _dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 176] uint8 -> [N, 256]
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    high = (blocks[:, None, 16:48] >> _BIT_OF_SUBBLOCK) & 1  # [N, 8, 32]
+    q = (_k_low_nibbles(blocks[:, 48:176]) | (high << 4)).float()
+    return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1, 256)
+
+
+_Q6_HIGH_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+
+
+def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 210] uint8 -> [N, 256]
+    # Within each 128-value half, value 32k + l takes: nibble (k // 2) of low byte 32 * (k % 2) + l, and bits
+    # 2k..2k+1 of high byte l.
+    low_bytes = blocks[:, 0:128].reshape(-1, 2, 1, 64)
+    low = torch.cat([low_bytes & 0x0F, low_bytes >> 4], dim=2).reshape(-1, 2, 4, 32)
+    high = (blocks[:, 128:192].reshape(-1, 2, 1, 32) >> _Q6_HIGH_SHIFTS) & 0x03  # [N, 2, 4, 32]
+    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 16, 16).float()
+    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+    d = _f16(blocks[:, 208:210])
+    return ((d * scales)[:, :, None] * q).reshape(-1, 256)
+
+
+_BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
+    Q.Q8_0: _dequant_q8_0,
+    Q.Q4_0: _dequant_q4_0,
+    Q.Q4_K: _dequant_q4_k,
+    Q.Q5_K: _dequant_q5_k,
+    Q.Q6_K: _dequant_q6_k,
+}
+_FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+
+SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (*_FLOAT_TYPES, *_BLOCK_DECODERS)
+
+
+def dequantize(raw: np.ndarray | torch.Tensor, ggml_type: GGMLQuantizationType, shape: Sequence[int]) -> torch.Tensor:
+    """Decodes one tensor's bytes to a float32 tensor of `shape`, given in torch order (the last dim is ggml's ne0).
+
+    `raw` is the tensor's data as stored in the file (any dtype; only its bytes are read). The result never shares
+    memory with `raw`, so it outlives a memory-mapped file. Raises ValueError for a type outside SUPPORTED_TYPES or
+    a byte count that does not match `shape`.
+    """
+    ggml_type = Q(ggml_type)
+    data = _as_bytes(raw)
+    n_values = int(np.prod(shape, dtype=np.int64))
+    block_size, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    if ggml_type not in SUPPORTED_TYPES:
+        raise ValueError(f"tensor type {ggml_type.name} is not supported")
+    if n_values % block_size or data.numel() != n_values // block_size * block_bytes:
+        raise ValueError(f"{data.numel()} bytes do not hold a {ggml_type.name} tensor of shape {list(shape)}")
+    if ggml_type in _FLOAT_TYPES:
+        return data.view(_FLOAT_TYPES[ggml_type]).to(torch.float32, copy=True).reshape(tuple(shape))
+    decode = _BLOCK_DECODERS[ggml_type]
+    blocks = data.reshape(-1, block_bytes)
+    out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32)
+    step = max(1, _CHUNK_VALUES // block_size)
+    for start in range(0, blocks.shape[0], step):
+        out[start : start + step] = decode(blocks[start : start + step])
+    return out.reshape(tuple(shape))
+
+
+def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+    # -> flat uint8 tensor over the same bytes (a view where possible)
+    if isinstance(raw, torch.Tensor):
+        return raw.contiguous().reshape(-1).view(torch.uint8)
+    array = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if not array.flags.writeable:  # torch.from_numpy warns on read-only arrays; we only ever read it
+        array = array.copy()
+    return torch.from_numpy(array)

@@ -1,0 +1,236 @@
+"""One decoder-only transformer for the llama, mistral, qwen2 and qwen3 checkpoints `ModelConfig` describes.
+
+The architectures differ only in switches the config carries: q/k/v bias (qwen2), per-head q/k RMSNorm before RoPE
+(qwen3), Llama-3 RoPE frequency scaling, tied embeddings. Mistral's sliding window never matters because the engine
+caps its context at the window (`ModelConfig.max_context`).
+
+The model is built on the meta device and receives its weights with `load_state_dict(assign=True)`, so no memory is
+spent on a random init. q/k/v and gate/up are fused into one matrix each at load: one matmul instead of three (two)
+per layer, which matters most at batch 1 where every call is a pass over the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import CacheView, KVCache
+
+
+class RMSNorm(nn.Module):
+    """Normalizes over the last dim in float32 whatever the model's dtype, then scales in the model's dtype (as
+    transformers does). The weight may carry leading dims to broadcast over (per-head norms)."""
+
+    def __init__(self, shape: int | tuple[int, ...], eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., dim] -> [..., dim]
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the Hugging Face layout: dimension i is paired with i + head_dim/2."""
+    # x: [B, S, H, hd]; cos, sin: [B, S, 1, hd]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies of the head_dim/2 rotation pairs, with Llama-3 scaling when the config asks for it."""
+    # returns: [hd/2] float32
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    # Llama 3: wavelengths longer than the original context / low_freq_factor are slowed down by `factor`, shorter
+    # than original context / high_freq_factor are kept, and those in between are blended linearly.
+    wavelen = 2 * math.pi / inv_freq
+    original = scaling.original_max_position_embeddings
+    slowed = torch.where(wavelen > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * slowed / scaling.factor + smooth * slowed
+    medium = (wavelen >= original / scaling.high_freq_factor) & (wavelen <= original / scaling.low_freq_factor)
+    return torch.where(medium, blended, slowed)
+
+
+def rope_tables(config: ModelConfig, max_context: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, computed in float32."""
+    # returns: cos, sin: [max_context, hd]
+    angles = torch.outer(torch.arange(max_context, dtype=torch.float32), rope_inv_freq(config))
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(device), angles.sin().to(device)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        heads = self.num_heads + 2 * self.num_kv_heads
+        self.wqkv = nn.Linear(config.hidden_size, heads * self.head_dim, bias=config.attention_bias)
+        self.wo = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        # qwen3's q_norm and k_norm as one norm over the q and k heads: weight [H + Hkv, hd] (rows repeated per head)
+        qk_heads = self.num_heads + self.num_kv_heads
+        self.qk_norm = RMSNorm((qk_heads, self.head_dim), config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, view: CacheView
+    ) -> torch.Tensor:
+        # x: [B, S, D]; cos, sin: [B, S, 1, hd] -> [B, S, D]
+        batch, seq, _ = x.shape
+        qkv = self.wqkv(x).view(batch, seq, -1, self.head_dim)  # [B, S, H + 2 Hkv, hd]
+        qk, v = qkv.split((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=2)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        q, k = rotate_half(qk, cos, sin).split((self.num_heads, self.num_kv_heads), dim=2)
+        keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=view.mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )  # [B, H, S, hd]
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w13 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, D] -> [B, S, D]
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config, layer)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, view: CacheView
+    ) -> torch.Tensor:
+        # x: [B, S, D] -> [B, S, D]
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, view)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    @classmethod
+    def from_hf_weights(
+        cls,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        *,
+        max_context: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> Transformer:
+        """Builds the model from Hugging Face-named weights (already checked by the loader); RoPE up to max_context."""
+        with torch.device("meta"):
+            model = cls(config)
+        converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
+        weights = {}
+        for name, tensor in fuse_hf_weights(config, tensors).items():
+            if id(tensor) not in converted:
+                converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
+            weights[name] = converted[id(tensor)]
+        model.load_state_dict(weights, assign=True)
+        model.rope_cos, model.rope_sin = rope_tables(config, max_context, torch.device(device))
+        return model.requires_grad_(False).eval()
+
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache, view: CacheView, *, last_only: bool = False
+    ) -> torch.Tensor:
+        # tokens: [B, S] -> logits: [B, S, V] ([B, 1, V] with last_only), in the model's dtype
+        x = self.embed(tokens)
+        cos = self.rope_cos[view.positions].to(x.dtype).unsqueeze(2)  # [B, S, 1, hd]
+        sin = self.rope_sin[view.positions].to(x.dtype).unsqueeze(2)
+        for block in self.layers:
+            x = block(x, cos, sin, cache, view)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+
+def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, by Hugging Face name, with its [out, in] shape (`lm_head` only when untied)."""
+    d, hd = config.hidden_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, d)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, q),
+            p + "mlp.gate_proj.weight": (config.intermediate_size, d),
+            p + "mlp.up_proj.weight": (config.intermediate_size, d),
+            p + "mlp.down_proj.weight": (d, config.intermediate_size),
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+        }
+        if config.attention_bias:
+            shapes |= {f"{p}self_attn.{n}_proj.bias": (size,) for n, size in (("q", q), ("k", kv), ("v", kv))}
+        if config.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def fuse_hf_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Renames Hugging Face weights to this model's state dict, concatenating q/k/v and gate/up."""
+    out = {
+        "embed.weight": hf["model.embed_tokens.weight"],
+        "norm.weight": hf["model.norm.weight"],
+        "lm_head.weight": hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"],
+    }
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "attention.wqkv.weight"] = torch.cat([hf[f"{attn}{n}_proj.weight"] for n in "qkv"])
+        if config.attention_bias:
+            out[dst + "attention.wqkv.bias"] = torch.cat([hf[f"{attn}{n}_proj.bias"] for n in "qkv"])
+        if config.qk_norm:
+            q_rows = hf[attn + "q_norm.weight"].expand(config.num_heads, -1)
+            k_rows = hf[attn + "k_norm.weight"].expand(config.num_kv_heads, -1)
+            out[dst + "attention.qk_norm.weight"] = torch.cat([q_rows, k_rows])
+        out[dst + "attention.wo.weight"] = hf[attn + "o_proj.weight"]
+        out[dst + "feed_forward.w13.weight"] = torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
+        )
+        out[dst + "feed_forward.w2.weight"] = hf[src + "mlp.down_proj.weight"]
+        out[dst + "attention_norm.weight"] = hf[src + "input_layernorm.weight"]
+        out[dst + "ffn_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
+    return out

@@ -1,0 +1,76 @@
+"""int8 linear weights (`quantize=True` at load): a quarter of float32's weight bytes per decoded token.
+
+On CPU this is dynamic quantization: weights int8 per output channel, prepacked for fbgemm, and each call quantizes
+its activations to uint8 on the fly (`quantized::linear_dynamic`). Measured on this project's 2-core AVX-512 machine
+for a 768x4096 matrix it took 0.09-0.12 ms at 1 row against 0.29 ms in float32, while a weight-only int8 matmul
+(`torch._weight_int8pack_mm`, float activations) took 1.6 ms: it is not vectorized for float32 on CPU. Activations
+use 7 bits (`reduce_range`, as torch's own dynamic modules do) so no CPU's int16 accumulation can saturate.
+Elsewhere (CUDA) the weights stay int8 in memory and are widened to the activation dtype inside the call.
+
+Embeddings and norms stay in the model's dtype; the output head is quantized like any other linear layer (with tied
+embeddings it gets its own int8 copy and the embedding table stays as it was).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _per_channel_scale(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric per-output-channel int8 scale: weight ~= round(weight / scale[:, None]) * scale[:, None]."""
+    # weight: [out, in] float32 -> [out]
+    return weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+
+
+class DynamicInt8Linear(nn.Module):
+    """CPU: fbgemm int8 weights, activations quantized per call."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.float()
+        scale = _per_channel_scale(weight)
+        bias = None if linear.bias is None else linear.bias.float()
+        with warnings.catch_warnings():  # quantized tensor creation is deprecated in favour of torchao; fbgemm stays
+            warnings.simplefilter("ignore")
+            zero = torch.zeros(weight.shape[0], dtype=torch.long)
+            qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.weight_nbytes = weight.numel() + scale.numel() * 4 + (0 if bias is None else bias.numel() * 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        return torch.ops.quantized.linear_dynamic(x.float(), self.packed, True).to(x.dtype)
+
+
+class WeightOnlyInt8Linear(nn.Module):
+    """Other devices: int8 weights in memory, widened to the activation dtype inside each call."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.float()
+        scale = _per_channel_scale(weight)
+        q = torch.round(weight / scale[:, None]).to(torch.int8)
+        dtype = linear.weight.dtype
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale.to(dtype))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.weight_nbytes = sum(t.numel() * t.element_size() for t in (q, self.scale, self.bias) if t is not None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        out = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        return out if self.bias is None else out + self.bias
+
+
+def quantize_linears(model: nn.Module) -> nn.Module:
+    """Replaces every nn.Linear of the model in place with its int8 counterpart for the model's device."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                int8 = DynamicInt8Linear if child.weight.device.type == "cpu" else WeightOnlyInt8Linear
+                setattr(parent, name, int8(child))
+    return model

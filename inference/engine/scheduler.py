@@ -1,0 +1,179 @@
+"""The per-model scheduler: which sequences run, and one engine step for all of them.
+
+Sequences wait in a FIFO queue until a decode slot is free, then run until they finish or are aborted. One step
+is at most one prefill chunk (of the oldest running sequence whose prompt is not in the KV yet) plus one batched
+decode of every sequence that has a token to feed, and then a single sampler call for all rows that produced
+logits. A long prompt therefore stalls running decoders by at most one chunk per step, and a sequence joins or
+leaves the batch at any step. `pause()` stops admitting at a step boundary; running sequences finish first.
+
+The scheduler speaks the worker protocol's output messages (STARTED, TOKENS, FINISHED, ERROR), so the worker only
+has to send what a step returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from .protocol import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
+from .runner import ModelRunner
+from .sampler import SampledTokens, TokenLogprobs, sample_batch
+from .sequence import Sequence
+from .tokenizer import Tokenizer
+
+QUEUE_RETRY_AFTER = 2.0  # seconds a client refused after a queue wait is told to wait
+
+
+class Scheduler:
+    """Owns a model's running and waiting sequences and their KV slots.
+
+    `max_concurrent` sequences run (decode) at once, at most the runner's slot count; `queue_depth` more may wait;
+    one that waits longer than `queue_timeout` seconds is refused with server_busy.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        *,
+        max_concurrent: int = 1,
+        queue_depth: int = 0,
+        queue_timeout: float = 30.0,
+        prefill_chunk: int = 128,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not 1 <= max_concurrent <= runner.max_slots:
+            raise ValueError(f"max_concurrent {max_concurrent} must be in [1, {runner.max_slots}] (the KV slots)")
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.max_concurrent = max_concurrent
+        self.queue_depth = queue_depth
+        self.queue_timeout = queue_timeout
+        self.prefill_chunk = prefill_chunk
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.paused = False
+
+    @property
+    def window(self) -> int:
+        """The context window every sequence of this model gets (the KV cache's length)."""
+        return self.runner.max_context
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or (bool(self.waiting) and not self.paused)
+
+    def is_full(self) -> bool:
+        """Whether one more sequence would be refused (every slot and queue place taken)."""
+        return len(self.running) + len(self.waiting) >= self.max_concurrent + self.queue_depth
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a sequence; the caller checked `is_full()` and that the prompt fits the window."""
+        seq.arrival = self.clock()
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Removes a sequence wherever it is and frees its KV slot now; None when it is not here."""
+        for seq in self.running:
+            if seq.request_id == request_id:
+                self.running.remove(seq)
+                self._release(seq)
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                self.waiting.remove(seq)
+                return seq
+        return None
+
+    def abort_all(self) -> list[Sequence]:
+        seqs = [*self.running, *self.waiting]
+        for seq in seqs:
+            self.abort(seq.request_id)
+        return seqs
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def step(self) -> list[Message]:
+        """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
+        out = self._admit()
+        rows: list[Sequence] = []
+        logits: list[torch.Tensor] = []
+        prefilling = next((s for s in self.running if not s.prefill_done), None)
+        if prefilling is not None:
+            chunk = prefilling.next_chunk(self.prefill_chunk)
+            last = self.runner.prefill(prefilling.slot, chunk)  # [V]
+            prefilling.num_prefilled += len(chunk)
+            if prefilling.prefill_done:
+                rows.append(prefilling)
+                logits.append(last[None])
+        decoding = [s for s in self.running if s.output_ids]
+        if decoding:
+            rows += decoding
+            logits.append(self.runner.decode([s.slot for s in decoding], [s.last_token for s in decoding]))  # [B, V]
+        if rows:
+            sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])
+            out += self._postprocess(rows, sampled)
+        return out
+
+    def expire_waiting(self) -> list[Message]:
+        """Refuses (server_busy) the waiting sequences that waited longer than `queue_timeout`; runs even while
+        paused, so the worker calls it on its own schedule rather than in `step()`."""
+        now = self.clock()
+        expired = [s for s in self.waiting if now - s.arrival > self.queue_timeout]
+        for seq in expired:
+            self.waiting.remove(seq)
+        return [
+            Error(s.request_id, "server_busy", f"no decode slot became free within {self.queue_timeout:g} s",
+                  status=429, retry_after=QUEUE_RETRY_AFTER)
+            for s in expired
+        ]  # fmt: skip
+
+    def _admit(self) -> list[Message]:
+        started: list[Message] = []
+        while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
+            seq = self.waiting.popleft()
+            seq.slot = self.runner.allocate_slot()
+            self.running.append(seq)
+            started.append(Started(seq.request_id, len(seq.prompt_ids), seq.cached_tokens, self.window))
+        return started
+
+    def _postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[Message]:
+        out: list[Message] = []
+        for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
+            text = seq.append_token(token_id)
+            lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
+            out.append(Tokens(seq.request_id, [token_id], text, lps))
+            if seq.is_finished:
+                self.running.remove(seq)
+                self._release(seq)
+                out.append(self._finished(seq))
+        return out
+
+    def _finished(self, seq: Sequence) -> Finished:
+        return Finished(
+            seq.request_id,
+            seq.finish_reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            cached_tokens=seq.cached_tokens,
+            kv_used=seq.num_tokens,
+            kv_cap=self.window,
+        )
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.runner.free_slot(seq.slot)
+            seq.slot = None
+
+    def _token_logprob(self, token_id: int, lp: TokenLogprobs) -> TokenLogprob:
+        token_bytes = self.tokenizer.token_bytes
+        top = [TopLogprob(tid, token_bytes(tid), value) for tid, value in lp.top]
+        return TokenLogprob(token_id, token_bytes(token_id), lp.logprob, top)

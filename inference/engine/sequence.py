@@ -1,0 +1,131 @@
+"""One generation as the scheduler sees it: prompt, output so far, where its KV lives, and when it must stop.
+
+A sequence turns sampled token ids into the text a client may see. Stop strings are matched on that text, across
+token boundaries: text that could be the start of a stop string is held back until the next token decides, so a
+client never receives part of a stop string, and the stop string itself is never sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .detokenizer import IncrementalDetokenizer
+
+STOP = "stop"
+LENGTH = "length"
+
+
+class Sequence:
+    """A request's tokens and stop conditions. `slot` is its KV-cache slot while it runs, else None.
+
+    `max_length` is the context window: prompt and output together never exceed it, and a generation that reaches
+    it ends with finish_reason "length", as one that reaches `max_tokens` does.
+    """
+
+    __slots__ = (
+        "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
+        "max_tokens", "max_length", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        *,
+        sampling: Any,
+        detokenizer: IncrementalDetokenizer,
+        stop_token_ids: set[int] | frozenset[int] = frozenset(),
+        stop: list[str] | tuple[str, ...] = (),
+        max_tokens: int,
+        max_length: int,
+        arrival: float = 0.0,
+    ):
+        if not prompt_ids:
+            raise ValueError("a sequence needs at least one prompt token")
+        self.request_id = request_id
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.sampling = sampling  # the sampler's per-sequence state (parameters, seed, penalty counts)
+        self.detokenizer = detokenizer
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.stop = [s for s in stop if s]
+        self.max_tokens = max_tokens
+        self.max_length = max_length
+        self.slot: int | None = None
+        self.num_prefilled = 0  # prompt tokens whose KV is in the slot
+        self.cached_tokens = 0  # prompt tokens whose KV was reused rather than computed
+        self.finish_reason: str | None = None
+        self.arrival = arrival
+        self._held = ""  # released text that might be the start of a stop string
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_prefilled == len(self.prompt_ids)
+
+    @property
+    def last_token(self) -> int:
+        """The token the next decode step feeds (its KV is not in the slot yet)."""
+        return self.output_ids[-1]
+
+    def next_chunk(self, size: int) -> list[int]:
+        """The next at most `size` prompt tokens to prefill; the caller marks them done with `num_prefilled`."""
+        return self.prompt_ids[self.num_prefilled : self.num_prefilled + size]
+
+    def append_token(self, token_id: int) -> str:
+        """Records a sampled token; returns the text it releases to the client (possibly empty).
+
+        Sets `finish_reason` when the token is a stop token, completes a stop string, or uses up `max_tokens` or
+        the context window. On finishing, everything still held back is released (cut before a stop string).
+        """
+        if self.is_finished:
+            raise RuntimeError(f"sequence {self.request_id} already finished ({self.finish_reason})")
+        self.output_ids.append(token_id)
+        if token_id in self.stop_token_ids:
+            self.finish_reason = STOP
+            return self._release(self.detokenizer.flush(), final=True)
+        text = self._release(self.detokenizer.push(token_id), final=False)
+        if not self.is_finished and (len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.max_length):
+            self.finish_reason = LENGTH
+            text += self._release(self.detokenizer.flush(), final=True)
+        return text
+
+    def _release(self, new_text: str, *, final: bool) -> str:
+        """Adds `new_text` after the held text and returns what may be sent now."""
+        text = self._held + new_text
+        self._held = ""
+        hit = _first_stop(text, self.stop)
+        if hit >= 0:
+            self.finish_reason = STOP
+            return text[:hit]
+        if final or not self.stop:
+            return text
+        keep = _stop_prefix_length(text, self.stop)
+        if keep:
+            self._held = text[-keep:]
+            return text[:-keep]
+        return text
+
+
+def _first_stop(text: str, stops: list[str]) -> int:
+    """Where the earliest stop string starts in `text`, or -1."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits, default=-1)
+
+
+def _stop_prefix_length(text: str, stops: list[str]) -> int:
+    """The length of the longest end of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best

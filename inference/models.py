@@ -1,0 +1,131 @@
+"""The serving control plane's records: the model catalogue, the worker processes, and what each worker holds.
+
+The database is the durable mirror of serving state — what to load at start, what a restarted worker must get back,
+what operators see. The request hot path never reads it: routing uses the supervisor's in-memory registry.
+"""
+
+from django.db import models
+
+
+class ModelFormat(models.TextChoices):
+    """How the weights are stored on disk."""
+
+    HF = "hf", "Hugging Face directory"
+    GGUF = "gguf", "GGUF file"
+
+
+class CatalogModel(models.Model):
+    """A model Pantheon knows how to load: where its weights are, and the options a load uses unless told otherwise.
+
+    `name` is the served id clients route on. A 0 in ctx_cap, max_sessions, max_concurrent or reasoning_budget means
+    "the engine's default" (for reasoning_budget: unbounded), as on the spec's load route. An empty dtype or device
+    means automatic (float32 on CPU, bfloat16 on CUDA; the first free device). `autoload` rows are loaded by `serve`
+    at start.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    path = models.CharField(max_length=1024)
+    format = models.CharField(max_length=8, choices=ModelFormat.choices)
+    architecture = models.CharField(max_length=64, blank=True)
+    size_bytes = models.BigIntegerField(default=0, help_text="bytes of the weight files on disk")
+    ctx_cap = models.PositiveIntegerField(default=0)
+    max_sessions = models.PositiveIntegerField(default=0)
+    max_concurrent = models.PositiveIntegerField(default=0)
+    reasoning_budget = models.PositiveIntegerField(default=0)
+    quantize = models.BooleanField(default=False, help_text="int8-quantize the linear layers at load")
+    dtype = models.CharField(max_length=16, blank=True)
+    device = models.CharField(max_length=32, blank=True)
+    autoload = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def load_options(self) -> dict:
+        """The catalogue's defaults as the load options a worker receives (a load request may override each)."""
+        return {
+            "ctx_cap": self.ctx_cap,
+            "max_sessions": self.max_sessions,
+            "max_concurrent": self.max_concurrent,
+            "reasoning_budget": self.reasoning_budget,
+            "quantize": self.quantize,
+            "dtype": self.dtype,
+        }
+
+
+class WorkerState(models.TextChoices):
+    """A worker's life: starting until it reports ready; dead when it exited unasked; stopped on shutdown."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
+class Worker(models.Model):
+    """The long-lived engine process for one device (`cpu` or `cuda:N`), as the supervisor last saw it.
+
+    One row per device, reused across restarts: `restarts` counts how often the supervisor brought it back.
+    `endpoint` is the ZMQ address the control plane talks to it on.
+    """
+
+    device = models.CharField(max_length=32, unique=True)
+    pid = models.IntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.STARTING)
+    restarts = models.PositiveIntegerField(default=0)
+    endpoint = models.CharField(max_length=255, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["device"]
+
+    def __str__(self) -> str:
+        return f"worker {self.device} ({self.state})"
+
+
+class InstanceState(models.TextChoices):
+    """An instance's life: loading, ready (serving), unloading (draining), or failed (see last_error)."""
+
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"
+    FAILED = "failed"
+
+
+class ModelInstance(models.Model):
+    """One loaded (or loading, unloading, failed) copy of a catalogue model on one worker.
+
+    Several instances may share a served name (replicas on different devices); the id tells them apart, and unload
+    accepts either. `load_options` are the options the worker was given, so a restarted worker gets the same load.
+    The *_configured fields are what was asked for; max_concurrent and context_window are what the engine serves
+    (they can be lower), exactly the pairs /admin/models reports.
+    """
+
+    catalog = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="instances")
+    served_name = models.CharField(max_length=200, db_index=True)
+    worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="instances")
+    device = models.CharField(max_length=32)
+    state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.LOADING)
+    load_options = models.JSONField(default=dict, blank=True)
+    memory_bytes = models.BigIntegerField(default=0)
+    max_sessions = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    max_concurrent_configured = models.PositiveIntegerField(null=True, blank=True)
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    context_window_configured = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    loaded_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["served_name", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.served_name}@{self.device} ({self.state})"

@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Pantheon's command line: `python manage.py serve`, `load_model`, `create_token`, ... (`help` lists them)."""
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

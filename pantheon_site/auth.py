@@ -1,0 +1,120 @@
+"""Bearer-token checks for routes: operator routes always, /v1 only when PANTHEON_REQUIRE_CLIENT_TOKENS is set.
+
+A missing, malformed, unknown, revoked or expired token is 401 Unauthorized (WWW-Authenticate: Bearer); a valid
+token of a role the route does not admit is 403 Forbidden. Every refusal raised here is audited before it is raised,
+so a route that lets it propagate has written its one audit event. `operator_route` goes further: it also audits the
+accepted call (or the error the view raised), so a view decorated with it writes no audit code at all.
+"""
+
+import functools
+import time
+
+from asgiref.sync import iscoroutinefunction
+from django.conf import settings
+
+from pantheon_site.audit import aaudit_request, audit_request
+from pantheon_site.errors import Forbidden, PantheonError, ServerError, Unauthorized, as_pantheon_error
+from pantheon_site.models import AccessToken, Role
+from pantheon_site.tokens import aauthenticate_token, authenticate_token
+
+CLIENT_ROLES = (Role.CLIENT, Role.TRAINER, Role.OPERATOR)
+
+
+def bearer_secret(request) -> str:
+    """The token of `Authorization: Bearer <token>`; raises Unauthorized when the header is missing or malformed."""
+    header = request.headers.get("Authorization", "")
+    if not header:
+        raise Unauthorized(reason="token_missing")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthorized(reason="token_malformed")
+    return secret.strip()
+
+
+def _check_role(token: AccessToken, roles: tuple[str, ...]) -> None:
+    if token.role not in roles:
+        raise Forbidden(f"a {token.role} token may not call this route", reason=f"role_{token.role}")
+
+
+def require_role(request, *roles: str, operation: str) -> AccessToken:
+    """The request's token if its role is one of `roles`; otherwise audits the refusal and raises it."""
+    token = None
+    try:
+        token = authenticate_token(bearer_secret(request))
+        _check_role(token, roles)
+    except PantheonError as error:
+        audit_request(request, operation, token=token, error=error)
+        raise
+    return token
+
+
+async def arequire_role(request, *roles: str, operation: str) -> AccessToken:
+    """require_role for async views."""
+    token = None
+    try:
+        token = await aauthenticate_token(bearer_secret(request))
+        _check_role(token, roles)
+    except PantheonError as error:
+        await aaudit_request(request, operation, token=token, error=error)
+        raise
+    return token
+
+
+async def arequire_client_token(request, *, operation: str) -> AccessToken | None:
+    """For /v1 routes: None, without touching the database, unless PANTHEON_REQUIRE_CLIENT_TOKENS is set; then a
+    client, trainer or operator token is required (refusals audited)."""
+    if not settings.PANTHEON_REQUIRE_CLIENT_TOKENS:
+        return None
+    return await arequire_role(request, *CLIENT_ROLES, operation=operation)
+
+
+def operator_route(operation: str, roles: tuple[str, ...] = (Role.OPERATOR,)):
+    """Decorator for a sync or async view: checks the token, sets `request.access_token`, and writes one audit event
+    for the call — refused with the PantheonError the view raised, else accepted. A view that knows which model it
+    acted on sets `request.audit_model` (and optionally `request.audit_details`, a dict) before returning or raising.
+    """
+
+    def decorate(view):
+        def audit_fields(request, started):
+            return {
+                "model": getattr(request, "audit_model", ""),
+                "details": getattr(request, "audit_details", None),
+                "started": started,
+            }
+
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapper(request, *args, **kwargs):
+                started = time.monotonic()
+                request.access_token = await arequire_role(request, *roles, operation=operation)
+                try:
+                    response = await view(request, *args, **kwargs)
+                except Exception as exc:
+                    error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
+                    fields = audit_fields(request, started)
+                    await aaudit_request(request, operation, token=request.access_token, error=error, **fields)
+                    raise
+                await aaudit_request(request, operation, token=request.access_token, **audit_fields(request, started))
+                return response
+
+            return async_wrapper
+
+        @functools.wraps(view)
+        def sync_wrapper(request, *args, **kwargs):
+            started = time.monotonic()
+            request.access_token = require_role(request, *roles, operation=operation)
+            try:
+                response = view(request, *args, **kwargs)
+            except Exception as exc:
+                error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
+                audit_request(
+                    request, operation, token=request.access_token, error=error, **audit_fields(request, started)
+                )
+                raise
+            audit_request(request, operation, token=request.access_token, **audit_fields(request, started))
+            return response
+
+        return sync_wrapper
+
+    return decorate

@@ -1,0 +1,231 @@
+"""The spec's error types as exceptions, and the one place that turns them into HTTP responses.
+
+Code anywhere in a request raises one of these; `ErrorEnvelopeMiddleware` (plain Django views), the DRF exception
+handler (DRF views) and Django's handler404/400/500 (set in urls.py) all end in `error_response`, so every route
+answers in its envelope with the spec's status, `type` and headers. Two envelopes exist:
+
+* OpenAI-style `{"error": {"message", "type", "code": null}}` for `/`, `/v1/*`, `/admin/*`, `/session/*`;
+* management-style `{"success": false, "data": null, "error": {...}}` for `/api/weights/*` — not built yet: it will
+  get its own render function next to `openai_error_body`, chosen in `error_response` by path.
+"""
+
+import math
+
+from django.http import JsonResponse
+from rest_framework import exceptions as drf
+
+
+class PantheonError(Exception):
+    """Base of every error a client can see. Subclasses fix `status` and `type`; instances carry the message.
+
+    `reason` is a short machine word for the audit log (never shown to the client); `headers` go on the response.
+    """
+
+    status: int = 500
+    type: str = "server_error"
+    default_message: str = "internal server error"
+
+    def __init__(self, message: str | None = None, *, reason: str = "", headers: dict[str, str] | None = None):
+        self.message = message or self.default_message
+        self.reason = reason
+        self.headers = {**self.default_headers(), **(headers or {})}
+        super().__init__(self.message)
+
+    def default_headers(self) -> dict[str, str]:
+        return {}
+
+    def stream_fields(self) -> dict:
+        """Extra keys of the error object when it is sent as a terminal SSE event (after the status is sent)."""
+        return {}
+
+
+class InvalidRequest(PantheonError):
+    """400: empty or malformed body, body not an object, a required field missing or out of range."""
+
+    status, type, default_message = 400, "invalid_request_error", "invalid request"
+
+
+class NotFound(PantheonError):
+    """404 for any path (or method) the spec does not list."""
+
+    status, type, default_message = 404, "not_found", "unknown route"
+
+
+class ModelNotFound(PantheonError):
+    """404: several models are loaded and the request's `model` names none of them."""
+
+    status, type, default_message = 404, "model_not_found", "model not found"
+
+
+class ContextOverBudget(PantheonError):
+    """422: the prompt does not fit the effective per-session window. Not transient.
+
+    Non-streaming, kv_used/kv_cap are in the message text; streaming, they are also fields of the error object.
+    """
+
+    status, type = 422, "context_over_budget"
+
+    def __init__(self, kv_used: int, kv_cap: int, message: str | None = None, **kwargs):
+        self.kv_used, self.kv_cap = kv_used, kv_cap
+        text = message or f"prompt exceeds the context window: kv_used={kv_used}, kv_cap={kv_cap}"
+        super().__init__(text, **kwargs)
+
+    def stream_fields(self) -> dict:
+        return {"kv_used": self.kv_used, "kv_cap": self.kv_cap}
+
+
+class _RetryableError(PantheonError):
+    """An error that may carry Retry-After (seconds, rounded up); None leaves the header out."""
+
+    default_retry_after: float | None = None
+
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None, **kwargs):
+        self.retry_after = retry_after if retry_after is not None else self.default_retry_after
+        super().__init__(message, **kwargs)
+
+    def default_headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(0, math.ceil(self.retry_after)))}
+
+
+class ServerBusy(_RetryableError):
+    """429: the model is decoding at capacity and the queue is full, or the queue wait timed out."""
+
+    status, type, default_message = 429, "server_busy", "the model is busy; retry shortly"
+
+
+class ModelAtSessionCapacity(_RetryableError):
+    """429: a new session id while every session slot holds a live session."""
+
+    status, type, default_message = 429, "model_at_session_capacity", "every session slot is in use"
+    default_retry_after = 30
+
+
+class NoModelsLoaded(PantheonError):
+    """503: nothing is loaded and the request named nothing the catalogue could load."""
+
+    status, type, default_message = 503, "no_models_loaded", "no model is loaded"
+
+
+class ServerMemoryConstrained(_RetryableError):
+    """503: memory pressure made admission refuse the request."""
+
+    status, type, default_message = 503, "server_memory_constrained", "server memory is constrained"
+
+
+class ServerShuttingDown(_RetryableError):
+    """503: the server is draining for shutdown; the route refusal says retry in a second."""
+
+    status, type, default_message = 503, "server_shutting_down", "server is shutting down"
+    default_retry_after = 1
+
+
+class ServerError(PantheonError):
+    """500: the generation failed (worker died, out of memory, an engine error)."""
+
+    status, type, default_message = 500, "server_error", "generation failed"
+
+
+class LoadFailed(PantheonError):
+    """POST /admin/models/load refused or failed; the status tells which (400, 404, 409, 507, 500)."""
+
+    type, default_message = "load_failed", "load failed"
+
+    def __init__(self, message: str | None = None, *, status: int = 500, **kwargs):
+        self.status = status
+        super().__init__(message, **kwargs)
+
+
+class UnloadFailed(PantheonError):
+    """POST /admin/models/unload refused or failed; the status tells which (404, 409, 500)."""
+
+    type, default_message = "unload_failed", "unload failed"
+
+    def __init__(self, message: str | None = None, *, status: int = 500, **kwargs):
+        self.status = status
+        super().__init__(message, **kwargs)
+
+
+class Unauthorized(PantheonError):
+    """401: a token is required and the request has none, or one that is unknown, revoked or expired."""
+
+    status, type, default_message = 401, "unauthorized", "a valid bearer token is required"
+
+    def default_headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(PantheonError):
+    """403: a valid token whose role may not call this route."""
+
+    status, type, default_message = 403, "forbidden", "this token's role may not call this route"
+
+
+def openai_error_body(exc: PantheonError, *, streaming: bool = False) -> dict:
+    """The OpenAI envelope; `streaming` adds the fields a terminal SSE error event carries (kv_used, kv_cap)."""
+    error = {"message": exc.message, "type": exc.type, "code": None}
+    if streaming:
+        error.update(exc.stream_fields())
+    return {"error": error}
+
+
+def error_response(exc: PantheonError) -> JsonResponse:
+    """The one renderer of an error as an HTTP response: status, envelope, headers."""
+    response = JsonResponse(openai_error_body(exc), status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
+
+
+def as_pantheon_error(exc: Exception) -> PantheonError | None:
+    """Map DRF's own exceptions (parse errors, validation errors, ...) to the spec's types; None for anything else."""
+    if isinstance(exc, PantheonError):
+        return exc
+    if isinstance(exc, drf.MethodNotAllowed | drf.NotFound):
+        return NotFound()
+    if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
+        return Unauthorized(reason="token_missing")
+    if isinstance(exc, drf.PermissionDenied):
+        return Forbidden(reason="role")
+    if isinstance(exc, drf.ValidationError):
+        return InvalidRequest(_validation_message(exc.detail), reason="validation")
+    if isinstance(exc, drf.APIException) and exc.status_code < 500:
+        return InvalidRequest(str(exc.detail), reason=exc.default_code)
+    return None
+
+
+def _validation_message(detail, path: str = "") -> str:
+    """Flatten DRF's nested validation detail into one readable line: `messages.0.role: "x" is not a valid choice.`"""
+    if isinstance(detail, dict):
+        return "; ".join(_validation_message(v, f"{path}.{k}" if path else str(k)) for k, v in detail.items())
+    if isinstance(detail, list):
+        if all(not isinstance(item, dict | list) for item in detail):
+            text = " ".join(str(item) for item in detail)
+            return f"{path}: {text}" if path else text
+        return "; ".join(_validation_message(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(detail) if v)
+    return f"{path}: {detail}" if path else str(detail)
+
+
+def drf_exception_handler(exc: Exception, context: dict):
+    """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error a DRF view raises leaves in the spec's envelope."""
+    error = as_pantheon_error(exc)
+    return error_response(error) if error is not None else None
+
+
+def handler400(request, exception=None):
+    """Django's own 400s (e.g. a body over DATA_UPLOAD_MAX_MEMORY_SIZE) in the envelope."""
+    return error_response(InvalidRequest(str(exception) if exception else None, reason="bad_request"))
+
+
+def handler403(request, exception=None):
+    return error_response(Forbidden())
+
+
+def handler404(request, exception=None):
+    """Any path no route matches: 404 not_found "unknown route"."""
+    return error_response(NotFound())
+
+
+def handler500(request):
+    return error_response(ServerError("internal server error"))

@@ -1,0 +1,9 @@
+"""URL routes. Any path not listed answers 404 not_found "unknown route" in the spec's envelope (handler404)."""
+
+# The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*) are added here by the apps that own them.
+urlpatterns = []
+
+handler400 = "pantheon_site.errors.handler400"
+handler403 = "pantheon_site.errors.handler403"
+handler404 = "pantheon_site.errors.handler404"
+handler500 = "pantheon_site.errors.handler500"

@@ -1,0 +1,174 @@
+"""The scheduler on the real stories260K model, in process: what it generates equals plain greedy decoding through
+the runner, alone, chunked and batched; aborting frees the KV slot at once; the context window, the queue and
+pausing behave as a client would notice."""
+
+import pytest
+
+from inference.engine import protocol as p
+from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.loading import load_model
+from inference.engine.sampler import SamplingParams, SequenceSampling
+from inference.engine.scheduler import Scheduler
+from inference.engine.sequence import Sequence
+
+PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big dog and", "The sun", "One day, a cat"]
+
+
+@pytest.fixture(scope="module")
+def model(stories_hf_dir):
+    return load_model(stories_hf_dir, max_slots=4)
+
+
+def greedy_reference(model, prompt_ids, max_tokens):
+    """Greedy decoding with nothing but the runner: one prefill of the whole prompt, then one token at a time."""
+    runner = model.runner
+    slot = runner.allocate_slot()
+    try:
+        logits = runner.prefill(slot, prompt_ids)
+        out = []
+        for _ in range(max_tokens):
+            token = int(logits.argmax())
+            out.append(token)
+            if token in model.eos_token_ids:
+                break
+            logits = runner.decode([slot], [token])[0]
+        return out
+    finally:
+        runner.free_slot(slot)
+
+
+def sequence(model, request_id, prompt_ids, *, max_tokens=40, stop=(), temperature=0.0, window=None):
+    return Sequence(
+        request_id,
+        prompt_ids,
+        sampling=SequenceSampling(SamplingParams(temperature=temperature, seed=7), model.runner.vocab_size),
+        detokenizer=IncrementalDetokenizer(model.tokenizer),
+        stop_token_ids=set(model.eos_token_ids),
+        stop=list(stop),
+        max_tokens=max_tokens,
+        max_length=window or model.runner.max_context,
+    )
+
+
+def run(scheduler, max_steps=10_000):
+    messages = []
+    for _ in range(max_steps):
+        if not scheduler.has_work:
+            break
+        messages += scheduler.step()
+    return messages
+
+
+def tokens_of(messages, request_id):
+    return [t for m in messages if isinstance(m, p.Tokens) and m.request_id == request_id for t in m.token_ids]
+
+
+def text_of(messages, request_id):
+    return "".join(m.text for m in messages if isinstance(m, p.Tokens) and m.request_id == request_id)
+
+
+def finished(messages, request_id):
+    return next(m for m in messages if isinstance(m, p.Finished) and m.request_id == request_id)
+
+
+def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
+    prompt = model.tokenizer.encode(PROMPTS[1])
+    expected = greedy_reference(model, prompt, 40)
+    scheduler = Scheduler(model.runner, model.tokenizer, prefill_chunk=4)  # the prompt takes several chunks
+    scheduler.add(sequence(model, "a", prompt))
+    messages = run(scheduler)
+    assert isinstance(messages[0], p.Started) and messages[0].prompt_tokens == len(prompt)
+    assert tokens_of(messages, "a") == expected
+    assert text_of(messages, "a") == model.tokenizer.decode(expected)
+    done = finished(messages, "a")
+    assert (done.prompt_tokens, done.completion_tokens) == (len(prompt), len(expected))
+    assert done.finish_reason == ("stop" if expected[-1] in model.eos_token_ids else "length")
+    assert scheduler.runner.cache._lengths == [None] * 4  # every slot free again
+
+
+def test_batched_sequences_each_equal_their_own_greedy_decoding(model):
+    prompts = [model.tokenizer.encode(text) for text in PROMPTS]
+    expected = [greedy_reference(model, ids, 30) for ids in prompts]
+    scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=4, prefill_chunk=8)
+    for i, ids in enumerate(prompts):
+        scheduler.add(sequence(model, str(i), ids, max_tokens=30))
+    batch_sizes = []
+    messages = []
+    while scheduler.has_work:
+        messages += scheduler.step()
+        batch_sizes.append(sum(1 for s in scheduler.running if s.output_ids))
+    assert max(batch_sizes) == 4  # they really decoded together
+    for i in range(len(prompts)):
+        assert tokens_of(messages, str(i)) == expected[i]
+
+
+def test_abort_frees_the_slot_at_once_and_the_next_request_runs(model):
+    scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=1)
+    prompt = model.tokenizer.encode(PROMPTS[0])
+    scheduler.add(sequence(model, "long", prompt, max_tokens=400))
+    for _ in range(5):
+        scheduler.step()
+    slot = scheduler.running[0].slot
+    assert model.runner.slot_length(slot) > len(prompt)
+    assert scheduler.abort("long").request_id == "long"
+    assert not scheduler.running and not scheduler.has_work
+    assert model.runner.cache._lengths[slot] is None  # the KV slot is free now, not at the next step
+    assert scheduler.abort("long") is None  # idempotent
+    scheduler.add(sequence(model, "next", prompt, max_tokens=10))
+    assert tokens_of(run(scheduler), "next") == greedy_reference(model, prompt, 10)
+
+
+def test_generation_that_reaches_the_context_window_ends_with_length(stories_hf_dir):
+    small = load_model(stories_hf_dir, max_slots=1, max_context=24)
+    scheduler = Scheduler(small.runner, small.tokenizer)
+    prompt = small.tokenizer.encode(PROMPTS[1])  # 16 tokens with BOS
+    seq = sequence(small, "w", prompt, max_tokens=1000)
+    seq.stop_token_ids = frozenset()  # run into the window whatever the model says
+    scheduler.add(seq)
+    done = finished(run(scheduler), "w")
+    assert done.finish_reason == "length"
+    assert done.kv_used == done.kv_cap == 24
+    assert done.completion_tokens == 24 - len(prompt)
+
+
+def test_a_stop_string_ends_the_generation_without_sending_it(model):
+    prompt = model.tokenizer.encode(PROMPTS[0])
+    reference = model.tokenizer.decode(greedy_reference(model, prompt, 40))
+    stop = reference[20:27]
+    scheduler = Scheduler(model.runner, model.tokenizer)
+    scheduler.add(sequence(model, "s", prompt, stop=[stop]))
+    messages = run(scheduler)
+    assert text_of(messages, "s") == reference[: reference.index(stop)]
+    assert finished(messages, "s").finish_reason == "stop"
+
+
+def test_queue_runs_in_order_and_refuses_after_the_queue_timeout(model):
+    now = [0.0]
+    scheduler = Scheduler(model.runner, model.tokenizer, queue_depth=2, queue_timeout=30, clock=lambda: now[0])
+    prompt = model.tokenizer.encode(PROMPTS[2])
+    for name in "abc":
+        assert not scheduler.is_full()
+        scheduler.add(sequence(model, name, prompt, max_tokens=5))
+    assert scheduler.is_full()
+    first = scheduler.step()
+    assert [m.request_id for m in first if isinstance(m, p.Started)] == ["a"]
+    now[0] = 31.0
+    expired = scheduler.expire_waiting()
+    assert [(e.request_id, e.type, e.status) for e in expired] == [("b", "server_busy", 429), ("c", "server_busy", 429)]
+    assert expired[0].retry_after
+    assert finished(run(scheduler), "a").completion_tokens == 5
+
+
+def test_pause_lets_running_finish_and_holds_the_queue_until_resume(model):
+    scheduler = Scheduler(model.runner, model.tokenizer, queue_depth=1)
+    prompt = model.tokenizer.encode(PROMPTS[3])
+    scheduler.add(sequence(model, "running", prompt, max_tokens=8))
+    scheduler.step()
+    scheduler.pause()
+    scheduler.add(sequence(model, "held", prompt, max_tokens=8))
+    messages = run(scheduler)
+    assert finished(messages, "running").completion_tokens == 8
+    assert not any(m.request_id == "held" for m in messages)
+    assert not scheduler.running and len(scheduler.waiting) == 1 and not scheduler.has_work
+    scheduler.resume()
+    assert finished(run(scheduler), "held").completion_tokens == 8

@@ -1,0 +1,111 @@
+"""The engine client with its worker loop in a thread (what route tests use): the same answers as the engine itself,
+logprobs as the model computes them, refusals with the API's error types, and pause/resume at a step boundary."""
+
+import asyncio
+import os
+
+import pytest
+import pytest_asyncio
+
+from inference.engine import protocol as p
+from inference.engine.loading import load_model
+from inference.engine.worker import chat_prompt_ids
+from inference.engine_client import EngineError, InProcessEngineClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+MESSAGES = [{"role": "user", "content": "What did the cat see?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(stories_hf_dir):
+    return load_model(stories_hf_dir, max_slots=1)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def client(stories_hf_dir):
+    client = InProcessEngineClient()
+    await client.start()
+    await client.load("stories", str(stories_hf_dir), max_concurrent=1, queue_depth=1)
+    yield client
+    await client.close()
+
+
+async def collect(generation):
+    events = [event async for event in generation]
+    return [e for e in events if isinstance(e, p.Tokens)], events[-1]
+
+
+async def test_workers_run_in_this_process(client):
+    [status] = await client.status()
+    assert status.pid == os.getpid() and status.device == "cpu"
+
+
+async def test_logprobs_are_the_models_own_for_each_chosen_token(client, engine):
+    prompt = chat_prompt_ids(engine, MESSAGES)
+    generation = await client.generate(
+        "stories", messages=MESSAGES, sampling={"temperature": 0.0, "logprobs": True, "top_logprobs": 3}, max_tokens=1
+    )
+    [tokens], done = await collect(generation)
+    assert done.finish_reason == "length" and generation.prompt_tokens == len(prompt)
+    slot = engine.runner.allocate_slot()
+    expected = engine.runner.prefill(slot, prompt).log_softmax(-1)
+    engine.runner.free_slot(slot)
+    [lp] = tokens.logprobs
+    best = int(expected.argmax())
+    assert lp.token_id == tokens.token_ids[0] == best
+    assert lp.token == engine.tokenizer.token_bytes(best)
+    assert lp.logprob == pytest.approx(float(expected[best]), abs=1e-5)
+    assert [t.token_id for t in lp.top] == expected.topk(3).indices.tolist()
+    assert lp.top[0].logprob == pytest.approx(lp.logprob)
+
+
+async def test_refusals_carry_the_api_error_type_and_status(client, stories_hf_dir, tmp_path):
+    cases = [
+        (client.generate("nope", messages=MESSAGES), "model_not_found", 404),
+        (client.generate("stories", messages=MESSAGES, sampling={"warmth": 1}), "invalid_request_error", 400),
+        (client.generate("stories", prompt_token_ids=[1, 99999]), "invalid_request_error", 400),
+        (client.load("stories", str(stories_hf_dir)), "load_failed", 409),
+        (client.load("other", str(tmp_path / "missing.gguf")), "load_failed", 404),
+        (client.unload("nope"), "unload_failed", 404),
+    ]
+    for call, error_type, status in cases:
+        with pytest.raises(EngineError) as refused:
+            await call
+        assert (refused.value.type, refused.value.status) == (error_type, status), refused.value.message
+    assert set(client.models()) == {"stories"}  # the refused load left nothing behind
+
+
+async def test_pause_waits_for_the_running_sequence_and_holds_the_queue_until_resume(client):
+    running = await client.generate("stories", prompt_token_ids=[1, 300], max_tokens=40, ignore_eos=True)
+    pause = asyncio.create_task(client.pause("stories"))
+    queued = asyncio.create_task(client.generate("stories", prompt_token_ids=[1, 301], max_tokens=5))
+    tokens, done = await collect(running)
+    assert sum(len(t.token_ids) for t in tokens) == 40 and done.finish_reason == "length"
+    await asyncio.wait_for(pause, 10)  # answered once nothing runs
+    await asyncio.sleep(0.3)
+    assert not queued.done()  # admitted to the queue, not to a slot, while paused
+    [status] = await client.status()
+    assert (status.models[0].state, status.models[0].waiting, status.models[0].running) == ("paused", 1, 0)
+    await client.resume("stories")
+    tokens, done = await collect(await asyncio.wait_for(queued, 10))
+    assert done.completion_tokens == 5
+
+
+async def test_a_request_cancelled_while_queued_gives_up_its_place(client):
+    running = await client.generate("stories", prompt_token_ids=[1, 300], max_tokens=400, ignore_eos=True)
+    queued = asyncio.create_task(client.generate("stories", prompt_token_ids=[1, 301], max_tokens=5))
+    for _ in range(100):
+        [status] = await client.status()
+        if status.models[0].waiting:
+            break
+        await asyncio.sleep(0.01)
+    assert status.models[0].waiting == 1
+    queued.cancel()  # the HTTP client went away while waiting for a slot
+    running.abort()
+    for _ in range(100):
+        [status] = await client.status()
+        if not (status.models[0].waiting or status.models[0].running):
+            break
+        await asyncio.sleep(0.01)
+    assert (status.models[0].waiting, status.models[0].running) == (0, 0)

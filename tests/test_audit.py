@@ -1,0 +1,99 @@
+"""The audit log: append-only rows, and one event for every state-changing command (none for read-only ones)."""
+
+import getpass
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from pantheon_site.audit import record_audit_event
+from pantheon_site.errors import ServerBusy
+from pantheon_site.models import AppendOnlyError, AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def event():
+    return record_audit_event(
+        "models_load",
+        "refused",
+        actor_kind="token",
+        actor_label="ops",
+        error=ServerBusy("busy", reason="queue_full"),
+        model="stories",
+        request_id="abc",
+        client_address="127.0.0.1",
+        duration_ms=1.5,
+    )
+
+
+def test_an_event_records_who_what_and_why(event):
+    row = AuditEvent.objects.get(pk=event.pk)
+    assert (row.operation, row.outcome, row.error_type, row.reason) == (
+        "models_load",
+        "refused",
+        "server_busy",
+        "queue_full",
+    )
+    assert (row.actor_kind, row.actor_label, row.model) == ("token", "ops", "stories")
+    assert (row.request_id, row.client_address, row.duration_ms) == ("abc", "127.0.0.1", 1.5)
+    assert row.details == {"message": "busy"}
+    assert row.occurred_at is not None
+
+
+def test_outcome_must_be_accepted_or_refused():
+    with pytest.raises(ValueError):
+        record_audit_event("x", "maybe", actor_kind="cli")
+    assert not AuditEvent.objects.exists()
+
+
+def test_events_cannot_be_changed(event):
+    event.reason = "rewritten"
+    with pytest.raises(AppendOnlyError):
+        event.save()
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.filter(pk=event.pk).update(reason="rewritten")
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.bulk_update([event], ["reason"])
+    assert AuditEvent.objects.get(pk=event.pk).reason == "queue_full"
+
+
+def test_events_cannot_be_deleted(event):
+    with pytest.raises(AppendOnlyError):
+        event.delete()
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.all().delete()
+    with pytest.raises(AppendOnlyError):
+        AuditEvent.objects.filter(pk=event.pk).delete()
+    assert AuditEvent.objects.filter(pk=event.pk).exists()
+
+
+def test_state_changing_commands_write_one_event_each():
+    out = StringIO()
+    call_command("create_token", role="operator", label="ops", stdout=out)
+    call_command("revoke_token", "ops", stdout=out)
+    events = list(AuditEvent.objects.order_by("id"))
+    assert [(e.operation, e.outcome) for e in events] == [("token_create", "accepted"), ("token_revoke", "accepted")]
+    assert {(e.actor_kind, e.actor_label) for e in events} == {("cli", getpass.getuser())}
+    assert events[0].details == {"label": "ops", "role": "operator"}
+    assert all(e.duration_ms is not None and e.duration_ms >= 0 for e in events)
+
+
+def test_refused_commands_are_audited_too():
+    call_command("create_token", role="operator", label="ops", stdout=StringIO())
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("create_token", role="client", label="ops", stdout=StringIO())
+    with pytest.raises(CommandError, match="no token labelled"):
+        call_command("revoke_token", "ghost", stdout=StringIO())
+    refused = list(AuditEvent.objects.filter(outcome="refused").order_by("id"))
+    assert [(e.operation, e.error_type, e.reason) for e in refused] == [
+        ("token_create", "invalid_request_error", "duplicate_label"),
+        ("token_revoke", "not_found", "unknown_label"),
+    ]
+
+
+def test_read_only_commands_write_nothing():
+    for name in ["list_tokens", "audit", "list_models", "devices"]:
+        call_command(name, stdout=StringIO())
+    assert not AuditEvent.objects.exists()

@@ -1,0 +1,1 @@
+"""Checkpoints, lineage, and the trainer attachment / step barrier routes (`/api/weights/*`)."""
