@@ -17,6 +17,7 @@ the worker threads it runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -140,13 +141,28 @@ class EngineClient(Protocol):
 
     def models(self) -> dict[str, ModelPlacement]: ...
 
-    async def generate(self, model: str, **request: Any) -> Generation: ...
+    async def generate(
+        self,
+        model: str,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        sampling: dict[str, Any] | None = None,
+        max_tokens: int = 1024,
+        stop: Iterable[str] = (),
+        stop_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> Generation: ...
 
     def abort(self, request_id: str) -> None: ...
 
-    async def load(self, name: str, path: str, **options: Any) -> p.Loaded: ...
+    async def load(self, name: str, path: str, *, device: str | None = None, timeout: float | None = None,
+                   **options: Any) -> p.Loaded: ...  # fmt: skip
 
-    async def unload(self, name: str, *, drain_timeout: float = 30.0) -> p.Unloaded: ...
+    async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded: ...
 
     async def status(self, timeout: float = 10.0) -> list[p.Status]: ...
 
@@ -266,16 +282,25 @@ class ZmqEngineClient:
             info = await self._call(placement.device, placement.load, timeout)
         except WorkerDied:
             raise
-        except BaseException:
+        except BaseException as exc:
             if self._models.get(placement.name) is placement:
                 del self._models[placement.name]
+            if isinstance(exc, EngineError):  # the worker refused: nothing was loaded
+                raise
+            # Timed out or cancelled: have the worker drop the model when its load ends, so the name stays free.
+            with contextlib.suppress(WorkerDied):
+                self._send(placement.device, p.Unload(_new_id(), placement.name, 0.0))
+            if isinstance(exc, TimeoutError):
+                raise EngineError(f"{placement.name!r} did not load within {timeout:g} s", type="load_failed") from exc
             raise
         placement.info, placement.state = info, "ready"
         return info
 
-    async def unload(self, name: str, *, drain_timeout: float = 30.0) -> p.Unloaded:
-        """Stops routing to the model, lets its generations finish for up to `drain_timeout` s (the rest end with
-        EngineError model_unloaded), frees it. Raises EngineError(unload_failed, 404 or 409)."""
+    async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded:
+        """Stops routing to the model, lets its generations finish for up to `drain_timeout` s, frees it. At the
+        deadline the generations still running end with EngineError(model_unloaded) when `force`; otherwise the
+        unload is called off with EngineError(unload_failed, 409) and the model stays. Raises
+        EngineError(unload_failed, 404 or 409) for a model that is not loaded or not in a state to unload."""
         placement = self._models.get(name)
         if placement is None:
             raise EngineError(f"model {name!r} is not loaded", type="unload_failed", status=404)
@@ -285,7 +310,7 @@ class ZmqEngineClient:
             del self._models[name]
             return p.Unloaded("", name, 0)
         placement.state = "unloading"
-        call = p.Unload(_new_id(), name, drain_timeout)
+        call = p.Unload(_new_id(), name, drain_timeout, force)
         try:
             reply = await self._call(placement.device, call, drain_timeout + 60)
         except WorkerDied:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.engine_client import EngineError, WorkerDied, ZmqEngineClient
+from inference.engine_client import EngineError, WorkerDied, WorkerLink, ZmqEngineClient
 
 logger = logging.getLogger("pantheon.supervisor")
 
@@ -51,6 +51,17 @@ class WorkerProcess:
     failures_in_a_row: int = 0
 
 
+@dataclass(slots=True)
+class WorkerInfo:
+    """One worker as the platform shows it (the workers table, /admin/dies)."""
+
+    device: str
+    pid: int
+    state: str  # starting, ready, restarting, stopped
+    restarts: int
+    last_heartbeat: float | None  # time.time() of its last message, None before its first
+
+
 CrashHook = Callable[[WorkerCrash], Awaitable[None] | None]
 
 
@@ -63,7 +74,8 @@ class WorkerSupervisor:
         *,
         devices: list[str] | None = None,
         on_crash: CrashHook | None = None,
-        heartbeat_timeout: float = 15.0,
+        heartbeat_interval: float = 0.5,
+        heartbeat_timeout: float = 10.0,
         ready_timeout: float = 120.0,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
@@ -74,6 +86,7 @@ class WorkerSupervisor:
         self.client = client or ZmqEngineClient()
         self.devices = devices  # None: cpu plus every CUDA device the cpu worker sees
         self.on_crash = on_crash
+        self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout
         self.ready_timeout = ready_timeout
         self.backoff_initial = backoff_initial
@@ -85,6 +98,21 @@ class WorkerSupervisor:
         self._incarnations = 0
         self._watch: asyncio.Task | None = None
         self._recoveries: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_settings(cls, on_crash: CrashHook | None = None) -> WorkerSupervisor:
+        """A supervisor configured by the PANTHEON_WORKER_* Django settings (read once, here)."""
+        from django.conf import settings
+
+        return cls(
+            devices=settings.PANTHEON_WORKER_DEVICES or None,
+            on_crash=on_crash,
+            heartbeat_interval=settings.PANTHEON_WORKER_HEARTBEAT_INTERVAL_S,
+            heartbeat_timeout=settings.PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S,
+            ready_timeout=settings.PANTHEON_WORKER_START_TIMEOUT_S,
+            backoff_initial=settings.PANTHEON_WORKER_RESTART_BACKOFF_S,
+            backoff_max=settings.PANTHEON_WORKER_RESTART_BACKOFF_MAX_S,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -123,6 +151,14 @@ class WorkerSupervisor:
 
     # -- what runs where -----------------------------------------------------------------------------------------
 
+    def describe(self) -> list[WorkerInfo]:
+        links = self.client.workers()
+        return [
+            WorkerInfo(w.device, w.process.pid, w.state, w.restarts,
+                       links[w.device].last_seen_wall if w.device in links else None)
+            for w in self.workers.values()
+        ]  # fmt: skip
+
     def placements(self) -> dict[str, str]:
         """Model name -> the device of the worker that holds it (or is loading or reloading it)."""
         return {name: placement.device for name, placement in self.client.models().items()}
@@ -134,11 +170,12 @@ class WorkerSupervisor:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         command = [self.python, "-m", "inference.engine.worker", "--endpoint", self.client.endpoint,
-                   "--device", device, "--identity", f"{device}/{self._incarnations}"]  # fmt: skip
+                   "--device", device, "--identity", f"{device}/{self._incarnations}",
+                   "--heartbeat-interval", str(self.heartbeat_interval)]  # fmt: skip
         # A session of its own: a Ctrl-C in the terminal reaches the control plane, which then stops the workers.
         return subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
 
-    async def _start_worker(self, device: str, previous: WorkerProcess | None = None):
+    async def _start_worker(self, device: str, previous: WorkerProcess | None = None) -> WorkerLink:
         process = self._spawn(device)
         worker = WorkerProcess(device, process, self._incarnations)
         if previous:
@@ -158,20 +195,33 @@ class WorkerSupervisor:
         return ready.result()
 
     async def _watch_workers(self) -> None:
+        last_tick = time.monotonic()
         while True:
             await asyncio.sleep(self.poll_interval)
-            links = self.client.workers()
-            for device, worker in list(self.workers.items()):
-                if worker.state != "ready":
-                    continue
-                returncode = worker.process.poll()
-                link = links.get(device)
-                if returncode is None and link and time.monotonic() - link.last_seen > self.heartbeat_timeout:
-                    logger.error("worker %s (pid %s) missed its heartbeats; killing it", device, worker.process.pid)
-                    worker.process.kill()
-                    returncode = worker.process.wait()
-                if returncode is not None:
-                    self._begin_recovery(worker, f"exited with code {returncode}")
+            now = time.monotonic()
+            # If this loop itself was stalled, heartbeats may be waiting unread in the socket: judge them next tick.
+            judge_heartbeats = now - last_tick < self.heartbeat_timeout / 2
+            last_tick = now
+            try:
+                self._check_workers(judge_heartbeats)
+            except Exception:  # the watch must outlive any one bad check
+                logger.exception("checking the workers failed")
+
+    def _check_workers(self, judge_heartbeats: bool) -> None:
+        links = self.client.workers()
+        for device, worker in list(self.workers.items()):
+            if worker.state != "ready":
+                continue
+            returncode = worker.process.poll()
+            link = links.get(device)
+            silent = link is not None and time.monotonic() - link.last_seen > self.heartbeat_timeout
+            if returncode is None and judge_heartbeats and silent:
+                logger.error("worker %s (pid %s) missed its heartbeats; killing it", device, worker.process.pid)
+                worker.process.kill()
+                returncode = worker.process.wait()
+                self._begin_recovery(worker, f"sent no heartbeat for {self.heartbeat_timeout:g} s (killed)")
+            elif returncode is not None:
+                self._begin_recovery(worker, f"exited with code {returncode}")
 
     def _begin_recovery(self, worker: WorkerProcess, reason: str) -> None:
         worker.state = "restarting"

@@ -16,7 +16,6 @@ from .errors import LoadError
 from .loader_gguf import read_gguf
 from .loader_hf import read_hf_dir
 from .model import Transformer
-from .quantize import quantize_linears
 from .runner import ModelRunner
 from .tokenizer import Tokenizer
 
@@ -68,10 +67,10 @@ def load_model(
     context = max_context or min(config.max_context, DEFAULT_MAX_CONTEXT)
     if context > config.max_context:
         raise LoadError(path, f"max_context {context} exceeds the model's {config.max_context}")
-    model = Transformer.from_hf_weights(config, tensors, max_context=context, device=device, dtype=dtype)
+    model = Transformer.from_hf_weights(
+        config, tensors, max_context=context, device=device, dtype=dtype, quantize=quantize
+    )
     del tensors, checkpoint
-    if quantize:
-        quantize_linears(model)
     eos = [*config.eos_token_ids, *extra_eos]
     if tokenizer.eos_token_id is not None:
         eos.append(tokenizer.eos_token_id)

@@ -19,6 +19,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv_cache import CacheView, KVCache
+from .quantize import quantize_linears
 
 
 class RMSNorm(nn.Module):
@@ -70,6 +71,34 @@ def rope_tables(config: ModelConfig, max_context: int, device: torch.device) -> 
     angles = torch.outer(torch.arange(max_context, dtype=torch.float32), rope_inv_freq(config))
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().to(device), angles.sin().to(device)
+
+
+class PackedLinear(nn.Module):
+    """A CPU linear layer whose weight is reordered once into oneDNN's blocked layout.
+
+    Measured over the matrices of a 12-layer, hidden-768 model on this project's 2-core AVX-512 machine: as fast as
+    `F.linear` or slightly faster at 1 row (15.0-15.5 vs 16.1 ms per pass), 40% faster at 8 rows (23 vs 39 ms) and
+    30% at 32 (39 vs 55 ms): MKL's gemm is weak at the few-row shapes of batched decode.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()))
+        self.bias = linear.bias
+        self.weight_nbytes = self.weight.numel() * self.weight.element_size()  # opaque layout: no storage to count
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """Replaces every nn.Linear in place with a PackedLinear."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child))
+    return model
 
 
 class Attention(nn.Module):
@@ -151,8 +180,10 @@ class Transformer(nn.Module):
         max_context: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        quantize: bool = False,
     ) -> Transformer:
-        """Builds the model from Hugging Face-named weights (already checked by the loader); RoPE up to max_context."""
+        """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
+        max_context. The linear layers become int8 with `quantize`, else on CPU they are packed for oneDNN."""
         with torch.device("meta"):
             model = cls(config)
         converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
@@ -163,7 +194,12 @@ class Transformer(nn.Module):
             weights[name] = converted[id(tensor)]
         model.load_state_dict(weights, assign=True)
         model.rope_cos, model.rope_sin = rope_tables(config, max_context, torch.device(device))
-        return model.requires_grad_(False).eval()
+        model.requires_grad_(False).eval()
+        if quantize:
+            quantize_linears(model)
+        elif torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available():
+            pack_linears(model)
+        return model
 
     def forward(
         self, tokens: torch.Tensor, cache: KVCache, view: CacheView, *, last_only: bool = False

@@ -74,13 +74,16 @@ class Load:
 
 @dataclass(slots=True)
 class Unload:
-    """Stop admitting to a model, let its generations finish for up to `drain_timeout` seconds, abort the rest (each
-    gets ERROR model_unloaded), free it. Answered by UNLOADED or ERROR(unload_failed)."""
+    """Stop admitting to a model, let its generations finish for up to `drain_timeout` seconds, then free it.
+    Generations still running at the deadline are aborted (each gets ERROR model_unloaded) when `force`; without
+    `force` the unload is called off instead (ERROR unload_failed, 409) and the model serves on. Unloading a model
+    that is still loading drops it when its load ends. Answered by UNLOADED or ERROR(unload_failed)."""
 
     KIND: ClassVar[bytes] = b"U"
     request_id: str
     name: str
     drain_timeout: float = 30.0
+    force: bool = True
 
 
 @dataclass(slots=True)
@@ -315,7 +318,7 @@ def decode(frames: list[bytes]) -> Message:
         raise ProtocolError(f"not a protocol message: {len(frames)} frames, kind {frames[0][:1]!r}")
     cls = _BY_KIND[frames[0]]
     try:
-        values = msgpack.unpackb(frames[1], raw=False)
+        values = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)  # logit_bias maps token ids
         from_wire = getattr(cls, "from_wire", None)
         return from_wire(values) if from_wire else cls(*values)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:

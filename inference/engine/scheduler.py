@@ -1,10 +1,11 @@
 """The per-model scheduler: which sequences run, and one engine step for all of them.
 
-Sequences wait in a FIFO queue until a decode slot is free, then run until they finish or are aborted. One step
-is at most one prefill chunk (of the oldest running sequence whose prompt is not in the KV yet) plus one batched
-decode of every sequence that has a token to feed, and then a single sampler call for all rows that produced
-logits. A long prompt therefore stalls running decoders by at most one chunk per step, and a sequence joins or
-leaves the batch at any step. `pause()` stops admitting at a step boundary; running sequences finish first.
+Sequences wait in a FIFO queue until a decode slot is free, then run until they finish or are aborted. Each step
+is planned by `schedule()` (nano-vllm style): at most one prefill chunk (of the oldest running sequence whose
+prompt is not in the KV yet) plus one batched decode of every sequence that has a token to feed. `step()` runs the
+plan and makes a single sampler call for all rows that produced logits; `postprocess()` appends the tokens. A long
+prompt therefore stalls running decoders by at most one chunk per step, and a sequence joins or leaves the batch
+at any step. `pause()` stops admitting at a step boundary; running sequences finish first.
 
 The scheduler speaks the worker protocol's output messages (STARTED, TOKENS, FINISHED, ERROR), so the worker only
 has to send what a step returns.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +27,16 @@ from .sequence import Sequence
 from .tokenizer import Tokenizer
 
 QUEUE_RETRY_AFTER = 2.0  # seconds a client refused after a queue wait is told to wait
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One step's work: sequences admitted to a slot, at most one prefill chunk, and the batch to decode."""
+
+    admitted: list[Sequence]
+    prefill: Sequence | None
+    chunk: list[int]
+    decode: list[Sequence]
 
 
 class Scheduler:
@@ -101,26 +113,39 @@ class Scheduler:
     def resume(self) -> None:
         self.paused = False
 
+    def schedule(self) -> StepPlan:
+        """What the next step runs: admit waiting sequences to free decode slots (unless paused), then take the next
+        chunk of the oldest running sequence still prefilling, and every running sequence that has a token to feed."""
+        admitted = []
+        while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
+            seq = self.waiting.popleft()
+            seq.slot = self.runner.allocate_slot()
+            self.running.append(seq)
+            admitted.append(seq)
+        prefill = next((s for s in self.running if not s.prefill_done), None)
+        chunk = prefill.next_chunk(self.prefill_chunk) if prefill else []
+        return StepPlan(admitted, prefill, chunk, [s for s in self.running if s.output_ids])
+
     def step(self) -> list[Message]:
         """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
-        out = self._admit()
+        plan = self.schedule()
+        out: list[Message] = [
+            Started(s.request_id, len(s.prompt_ids), s.cached_tokens, self.window) for s in plan.admitted
+        ]
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
-        prefilling = next((s for s in self.running if not s.prefill_done), None)
-        if prefilling is not None:
-            chunk = prefilling.next_chunk(self.prefill_chunk)
-            last = self.runner.prefill(prefilling.slot, chunk)  # [V]
-            prefilling.num_prefilled += len(chunk)
-            if prefilling.prefill_done:
-                rows.append(prefilling)
+        if plan.prefill is not None:
+            last = self.runner.prefill(plan.prefill.slot, plan.chunk)  # [V]
+            plan.prefill.num_prefilled += len(plan.chunk)
+            if plan.prefill.prefill_done:
+                rows.append(plan.prefill)
                 logits.append(last[None])
-        decoding = [s for s in self.running if s.output_ids]
-        if decoding:
-            rows += decoding
-            logits.append(self.runner.decode([s.slot for s in decoding], [s.last_token for s in decoding]))  # [B, V]
+        if plan.decode:
+            rows += plan.decode
+            logits.append(self.runner.decode([s.slot for s in plan.decode], [s.last_token for s in plan.decode]))
         if rows:
-            sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])
-            out += self._postprocess(rows, sampled)
+            sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])  # logits: [B, V]
+            out += self.postprocess(rows, sampled)
         return out
 
     def expire_waiting(self) -> list[Message]:
@@ -136,16 +161,8 @@ class Scheduler:
             for s in expired
         ]  # fmt: skip
 
-    def _admit(self) -> list[Message]:
-        started: list[Message] = []
-        while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
-            seq = self.waiting.popleft()
-            seq.slot = self.runner.allocate_slot()
-            self.running.append(seq)
-            started.append(Started(seq.request_id, len(seq.prompt_ids), seq.cached_tokens, self.window))
-        return started
-
-    def _postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[Message]:
+    def postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[Message]:
+        """Appends each row's sampled token; finished sequences leave the batch and free their slot now."""
         out: list[Message] = []
         for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
             text = seq.append_token(token_id)

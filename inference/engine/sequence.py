@@ -7,9 +7,8 @@ client never receives part of a stop string, and the stop string itself is never
 
 from __future__ import annotations
 
-from typing import Any
-
 from .detokenizer import IncrementalDetokenizer
+from .sampler import SequenceSampling
 
 STOP = "stop"
 LENGTH = "length"
@@ -32,7 +31,7 @@ class Sequence:
         request_id: str,
         prompt_ids: list[int],
         *,
-        sampling: Any,
+        sampling: SequenceSampling | None,
         detokenizer: IncrementalDetokenizer,
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
         stop: list[str] | tuple[str, ...] = (),

@@ -3,8 +3,8 @@
 The control plane sends requests over one ZMQ DEALER socket (see protocol.py); the loop below polls them, steps
 every model's scheduler once, and sends what the steps produced. It blocks on the socket only when no model has
 work. Loading runs in a background thread, so a model that loads for a minute does not stall the others, and
-heartbeats keep flowing. Chat templating and tokenization happen here, next to the tokenizer; the control plane
-learns the prompt's token count from STARTED and receives text pieces in TOKENS.
+heartbeats keep flowing. What a hosted model does with a request (templating, tokenizing, admission) is in
+hosted_model.py.
 
 Run as `python -m inference.engine.worker --endpoint ENDPOINT --device cpu|cuda:N --identity ID`; the supervisor does.
 """
@@ -19,60 +19,16 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 import torch
 import zmq
 
 from . import protocol as p
-from .chat_template import ChatTemplate, TemplateError
-from .detokenizer import IncrementalDetokenizer
 from .errors import LoadError
-from .loading import LoadedModel, load_model
-from .sampler import SamplingParams, SequenceSampling
-from .scheduler import Scheduler
-from .sequence import Sequence
+from .hosted_model import HostedModel, RequestRefused, invalid
 
-HEARTBEAT_INTERVAL = 0.5  # seconds between HEARTBEATs
-BUSY_RETRY_AFTER = 5.0  # seconds a client refused by a full queue is told to wait
-
-
-class RequestRefused(Exception):
-    """A request the worker answers with one ERROR; carries that message."""
-
-    def __init__(self, error: p.Error):
-        self.error = error
-        super().__init__(error.message)
-
-
-def chat_prompt_ids(
-    model: LoadedModel,
-    messages: list[dict[str, Any]],
-    *,
-    template: ChatTemplate | None = None,
-    tools: list[dict[str, Any]] | None = None,
-    enable_thinking: bool | None = None,
-) -> list[int]:
-    """The prompt token ids a chat request becomes: the model's chat template (ChatML when it has none), then the
-    tokenizer, adding BOS only when the tokenizer adds one and the template did not already write it."""
-    tok = model.tokenizer
-    template = template or ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
-    text = template.render(messages, tools=tools, enable_thinking=enable_thinking)
-    wrote_bos = bool(tok.bos_token) and text.startswith(tok.bos_token)
-    return tok.encode(text, add_special_tokens=not wrote_bos)
-
-
-@dataclass(slots=True)
-class HostedModel:
-    """A loaded model and its scheduler; `unload` is (call id, deadline) while it drains before unloading."""
-
-    name: str
-    model: LoadedModel
-    scheduler: Scheduler
-    template: ChatTemplate
-    unload: tuple[str, float] | None = None
-    kv_bytes: int = 0
+HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
 
 
 @dataclass(slots=True)
@@ -80,14 +36,23 @@ class PendingLoad:
     request: p.Load
     future: Future
     started: float = field(default_factory=time.monotonic)
+    unload_call: str | None = None  # an UNLOAD that arrived meanwhile: drop the model when it is ready
 
 
 class Worker:
     """The loop and its state. Owns the socket it is given; `stop()` may be called from a signal handler."""
 
-    def __init__(self, socket: zmq.Socket, device: str, *, parent_pid: int | None = None):
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        device: str,
+        *,
+        parent_pid: int | None = None,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL,
+    ):
         self.socket = socket
         self.device = device
+        self.heartbeat_interval = heartbeat_interval
         self.parent_pid = parent_pid  # exit when this process is no longer our parent (the control plane died)
         self.models: dict[str, HostedModel] = {}
         self.requests: dict[str, str] = {}  # request id -> model name, for every admitted generation
@@ -136,9 +101,15 @@ class Worker:
             except zmq.Again:
                 return
             try:
-                self.handle(p.decode(frames))
+                message = p.decode(frames)
             except p.ProtocolError as exc:
                 self.send(p.Error(None, "invalid_request_error", str(exc), status=400))
+                continue
+            try:
+                self.handle(message)
+            except Exception as exc:  # answer the one request; a bug in handling it must not end the worker
+                failure = f"{type(message).__name__} failed: {type(exc).__name__}: {exc}"
+                self.send(p.Error(getattr(message, "request_id", None), "server_error", failure))
 
     def handle(self, message: p.Message) -> None:
         match message:
@@ -158,12 +129,12 @@ class Worker:
             case p.StatusQuery(request_id=request_id):
                 self.send(self.status(request_id))
             case p.Pause(request_id=request_id, model=model):
-                if hosts := self.select(request_id, model):
+                if (hosts := self.select(request_id, model)) is not None:
                     for hosted in hosts:
                         hosted.scheduler.pause()
                     self.pauses.append((request_id, [h.name for h in hosts]))
             case p.Resume(request_id=request_id, model=model):
-                if hosts := self.select(request_id, model):
+                if (hosts := self.select(request_id, model)) is not None:
                     for hosted in hosts:
                         hosted.scheduler.resume()
                     self.send(p.Resumed(request_id))
@@ -189,52 +160,9 @@ class Worker:
             state = "is unloading" if hosted else "is not loaded on this worker"
             raise RequestRefused(p.Error(req.request_id, "model_not_found", f"model {req.model!r} {state}", 404))
         if req.request_id in self.requests:
-            raise _invalid(req, f"request id {req.request_id!r} is already in use")
-        seq = self.build_sequence(hosted, req)
-        if hosted.scheduler.is_full():
-            raise RequestRefused(
-                p.Error(req.request_id, "server_busy", f"model {req.model!r} is busy; retry shortly", 429,
-                        retry_after=BUSY_RETRY_AFTER)
-            )  # fmt: skip
-        hosted.scheduler.add(seq)
+            raise invalid(req, f"request id {req.request_id!r} is already in use")
+        hosted.admit(req)
         self.requests[req.request_id] = req.model
-
-    def build_sequence(self, hosted: HostedModel, req: p.Submit) -> Sequence:
-        model, window = hosted.model, hosted.scheduler.window
-        if req.prompt_token_ids is not None:
-            prompt = list(req.prompt_token_ids)
-        else:
-            try:
-                prompt = chat_prompt_ids(
-                    model, req.messages or [], template=hosted.template, tools=req.tools,
-                    enable_thinking=req.enable_thinking,
-                )  # fmt: skip
-            except TemplateError as exc:
-                raise _invalid(req, str(exc)) from exc
-        vocab = model.runner.vocab_size
-        if not prompt or any(not 0 <= t < vocab for t in prompt):
-            raise _invalid(req, f"the prompt must be a non-empty list of token ids below {vocab}")
-        if len(prompt) + 1 > window:
-            raise RequestRefused(
-                p.Error(req.request_id, "context_over_budget",
-                        f"the prompt has {len(prompt)} tokens; the context window is {window} (kv_used "
-                        f"{len(prompt)}, kv_cap {window})", 422, kv_used=len(prompt), kv_cap=window)
-            )  # fmt: skip
-        try:
-            params = SamplingParams(**req.sampling)
-        except TypeError as exc:
-            raise _invalid(req, f"bad sampling parameters: {exc}") from exc
-        stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
-        return Sequence(
-            req.request_id,
-            prompt,
-            sampling=SequenceSampling(params, vocab),
-            detokenizer=IncrementalDetokenizer(model.tokenizer),
-            stop_token_ids=stop_ids,
-            stop=req.stop,
-            max_tokens=max(1, req.max_tokens),
-            max_length=window,
-        )
 
     def step(self, hosted: HostedModel) -> list[p.Message]:
         """One scheduler step; a failure in it ends that model's generations with server_error, not the worker."""
@@ -252,34 +180,10 @@ class Worker:
     # -- models --------------------------------------------------------------------------------------------------
 
     def load(self, req: p.Load) -> None:
-        if req.name in self.models or any(pl.request.name == req.name for pl in self.loads):
+        if req.name in self.models or any(pl.request.name == req.name and not pl.unload_call for pl in self.loads):
             self.send(p.Error(req.request_id, "load_failed", f"model {req.name!r} is already loaded", 409))
             return
-        self.loads.append(PendingLoad(req, self.loader.submit(self.build_model, req)))
-
-    def build_model(self, req: p.Load) -> HostedModel:
-        """Runs in the loader thread: read the checkpoint, build the runner and the scheduler."""
-        model = load_model(
-            req.path,
-            device=self.device,
-            dtype=req.dtype,
-            quantize=req.quantize,
-            max_slots=max(1, req.max_concurrent),
-            max_context=req.max_context or None,
-        )
-        scheduler = Scheduler(
-            model.runner,
-            model.tokenizer,
-            max_concurrent=max(1, req.max_concurrent),
-            queue_depth=req.queue_depth,
-            queue_timeout=req.queue_timeout,
-            prefill_chunk=req.prefill_chunk,
-        )
-        tok = model.tokenizer
-        cache = model.runner.cache
-        kv_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
-        template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
-        return HostedModel(req.name, model, scheduler, template, kv_bytes=kv_bytes)
+        self.loads.append(PendingLoad(req, self.loader.submit(HostedModel.load, req, self.device)))
 
     def finish_loads(self) -> None:
         for pending in [pl for pl in self.loads if pl.future.done()]:
@@ -290,30 +194,34 @@ class Worker:
             except Exception as exc:
                 self.send(p.Error(req.request_id, "load_failed", _load_problem(exc), _load_status(req, exc)))
                 continue
+            if pending.unload_call:  # dropped here; freed with the last reference to it
+                self.send(p.Error(req.request_id, "load_failed", f"model {req.name!r} was unloaded while loading"))
+                self.send(p.Unloaded(pending.unload_call, req.name, 0))
+                continue
             self.models[req.name] = hosted
-            model = hosted.model
-            self.send(
-                p.Loaded(
-                    req.request_id, req.name, str(model.path), model.format, model.config.architecture,
-                    str(model.device), str(model.dtype).removeprefix("torch."), model.weight_bytes, hosted.kv_bytes,
-                    hosted.scheduler.window, hosted.scheduler.max_concurrent, time.monotonic() - pending.started,
-                )
-            )  # fmt: skip
+            self.send(hosted.loaded(req, pending.started))
 
     def unload(self, req: p.Unload) -> None:
         hosted = self.models.get(req.name)
-        if hosted is None:
+        loading = next((pl for pl in self.loads if pl.request.name == req.name and not pl.unload_call), None)
+        if loading:
+            loading.unload_call = req.request_id
+        elif hosted is None:
             self.send(p.Error(req.request_id, "unload_failed", f"model {req.name!r} is not loaded", 404))
         elif hosted.unload:
             self.send(p.Error(req.request_id, "unload_failed", f"model {req.name!r} is already unloading", 409))
         else:
-            hosted.unload = (req.request_id, time.monotonic() + max(0.0, req.drain_timeout))
+            hosted.unload, hosted.deadline = req, time.monotonic() + max(0.0, req.drain_timeout)
 
     def finish_unloads(self) -> None:
         for hosted in [h for h in self.models.values() if h.unload]:
-            call_id, deadline = hosted.unload
-            scheduler = hosted.scheduler
-            if (scheduler.running or scheduler.waiting) and time.monotonic() < deadline:
+            call, scheduler = hosted.unload, hosted.scheduler
+            if (scheduler.running or scheduler.waiting) and time.monotonic() < hosted.deadline:
+                continue
+            if (scheduler.running or scheduler.waiting) and not call.force:
+                hosted.unload = None
+                message = f"model {hosted.name!r} still has generations running after {call.drain_timeout:g} s"
+                self.send(p.Error(call.request_id, "unload_failed", message, 409))
                 continue
             aborted = scheduler.abort_all()
             for seq in aborted:
@@ -321,7 +229,7 @@ class Worker:
                 self.send(p.Error(seq.request_id, "model_unloaded", f"model {hosted.name!r} was unloaded", 503))
             del self.models[hosted.name]
             self.free_memory()
-            self.send(p.Unloaded(call_id, hosted.name, len(aborted)))
+            self.send(p.Unloaded(call.request_id, hosted.name, len(aborted)))
 
     def free_memory(self) -> None:
         gc.collect()
@@ -337,17 +245,7 @@ class Worker:
         else:
             memory = psutil.virtual_memory()
             total, used = memory.total, memory.total - memory.available
-        models = []
-        for hosted in self.models.values():
-            s = hosted.scheduler
-            state = "draining" if hosted.unload else "paused" if s.paused else "ready"
-            slots_total = s.runner.max_slots
-            models.append(
-                p.ModelStatus(
-                    hosted.name, str(hosted.model.path), state, hosted.model.weight_bytes, hosted.kv_bytes,
-                    len(s.running), slots_total, len(s.running), len(s.waiting), s.max_concurrent, s.window,
-                )
-            )  # fmt: skip
+        models = [hosted.status() for hosted in self.models.values()]
         return p.Status(request_id, self.device, os.getpid(), total, used, models)
 
     def housekeeping(self) -> None:
@@ -361,7 +259,7 @@ class Worker:
         self.finish_pauses()
         now = time.monotonic()
         if now >= self.next_heartbeat:
-            self.next_heartbeat = now + HEARTBEAT_INTERVAL
+            self.next_heartbeat = now + self.heartbeat_interval
             self.send(p.Heartbeat(os.getpid()))
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 self.stop()
@@ -384,10 +282,6 @@ class Worker:
         self.socket.send_multipart(p.encode(message))
 
 
-def _invalid(req: p.Submit, message: str) -> RequestRefused:
-    return RequestRefused(p.Error(req.request_id, "invalid_request_error", message, 400))
-
-
 def _load_problem(exc: Exception) -> str:
     return str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
 
@@ -403,7 +297,7 @@ def _load_status(req: p.Load, exc: Exception) -> int:
 
 
 def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | None = None,
-          parent_pid: int | None = None) -> None:  # fmt: skip
+          parent_pid: int | None = None, heartbeat_interval: float = HEARTBEAT_INTERVAL) -> None:  # fmt: skip
     """Connects to the control plane and runs the worker loop until SHUTDOWN (or SIGTERM, in a process)."""
     context = context or zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
@@ -412,7 +306,7 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(endpoint)
-    worker = Worker(socket, device, parent_pid=parent_pid)
+    worker = Worker(socket, device, parent_pid=parent_pid, heartbeat_interval=heartbeat_interval)
     if parent_pid is not None:
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the control plane's to handle
@@ -427,10 +321,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoint", required=True, help="the control plane's ZMQ ROUTER endpoint")
     parser.add_argument("--device", required=True, help="cpu or cuda:N")
     parser.add_argument("--identity", required=True, help="this worker's ZMQ identity")
+    parser.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_INTERVAL, help="seconds")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
-    serve(args.endpoint, args.device, args.identity, parent_pid=os.getppid())
+    serve(
+        args.endpoint, args.device, args.identity, parent_pid=os.getppid(), heartbeat_interval=args.heartbeat_interval
+    )
 
 
 if __name__ == "__main__":

@@ -83,25 +83,23 @@ def test_logits_and_batched_greedy_decode_match_transformers(name, tied, tmp_pat
     runner = load_runner(tmp_path)
     slots = [runner.allocate_slot() for _ in PROMPTS]
 
-    # prefill: every position's logits, prompts of different lengths
-    next_tokens = []
-    for slot, prompt in zip(slots, PROMPTS, strict=True):
-        logits = runner.prefill(slot, prompt, all_logits=True)
-        expected = hf_logits(reference, prompt)
-        assert logits.dtype == torch.float32
-        assert (logits - expected).abs().max().item() < 1e-4
-        next_tokens.append(int(logits[-1].argmax()))
-
-    # decode: all sequences together, each at its own position, against transformers on the whole sequence
-    sequences = [prompt + [token] for prompt, token in zip(PROMPTS, next_tokens, strict=True)]
+    # the engine: prefill each prompt, then greedy-decode all of them together, each at its own position
+    logits = [runner.prefill(slot, prompt, all_logits=True) for slot, prompt in zip(slots, PROMPTS, strict=True)]
+    sequences = [prompt + [int(row[-1].argmax())] for prompt, row in zip(PROMPTS, logits, strict=True)]
     for _ in range(NEW_TOKENS - 1):
-        logits = runner.decode(slots, [seq[-1] for seq in sequences])
-        expected = torch.stack([hf_logits(reference, seq)[-1] for seq in sequences])
-        assert (logits - expected).abs().max().item() < 1e-4
-        for seq, row in zip(sequences, expected, strict=True):
-            seq.append(int(row.argmax()))
-        assert logits.argmax(-1).tolist() == [seq[-1] for seq in sequences]
+        step = runner.decode(slots, [seq[-1] for seq in sequences])  # [B, V]
+        assert step.dtype == torch.float32
+        for i, seq in enumerate(sequences):
+            logits[i] = torch.cat([logits[i], step[i : i + 1]])
+            seq.append(int(step[i].argmax()))
     assert [runner.slot_length(slot) for slot in slots] == [len(seq) - 1 for seq in sequences]
+
+    # transformers on each whole sequence: same logits at every position, and it would pick the same tokens
+    for prompt, seq, engine_logits in zip(PROMPTS, sequences, logits, strict=True):
+        expected = hf_logits(reference, seq[:-1])  # [len - 1, V]
+        assert (engine_logits - expected).abs().max().item() < 1e-4
+        assert expected[len(prompt) - 1 :].argmax(-1).tolist() == seq[len(prompt) :]
+        assert len(seq) - len(prompt) == NEW_TOKENS
 
 
 def test_llama3_rope_scaling_changes_the_model(tmp_path):

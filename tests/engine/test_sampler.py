@@ -108,12 +108,13 @@ def test_large_top_k_and_top_p_over_the_whole_vocabulary_keep_exactly_transforme
 
 
 def test_top_p_and_min_p_exclude_tokens_below_their_cut():
-    # probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.75 keeps the first two, min_p 0.2 drops the last
-    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    assert set(draw_many(logits, SamplingParams(top_p=0.75), 2000).tolist()) == {0, 1}
-    assert set(draw_many(logits, SamplingParams(top_p=0.85), 2000).tolist()) == {0, 1, 2}
-    assert set(draw_many(logits, SamplingParams(min_p=0.2), 2000).tolist()) == {0, 1, 2}
-    assert set(draw_many(logits, SamplingParams(top_k=3, top_p=0.95, min_p=0.45), 2000).tolist()) == {0, 1}
+    # probabilities by token id 0.15, 0.5, 0.05, 0.3 (ranked 1, 3, 0, 2)
+    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
+    assert set(draw_many(logits, SamplingParams(top_p=0.75), 2000).tolist()) == {1, 3}
+    assert set(draw_many(logits, SamplingParams(top_p=0.85), 2000).tolist()) == {0, 1, 3}
+    assert set(draw_many(logits, SamplingParams(min_p=0.2), 2000).tolist()) == {0, 1, 3}
+    # top_p 0.95 of the top 3 keeps all three; min_p 0.45 then drops 0.15 (< 0.45 * 0.5)
+    assert set(draw_many(logits, SamplingParams(top_k=3, top_p=0.95, min_p=0.45), 2000).tolist()) == {1, 3}
 
 
 def test_temperature_zero_or_below_is_argmax_even_next_to_sampling_rows():

@@ -8,8 +8,8 @@ import pytest
 import pytest_asyncio
 
 from inference.engine import protocol as p
+from inference.engine.hosted_model import chat_prompt_ids
 from inference.engine.loading import load_model
-from inference.engine.worker import chat_prompt_ids
 from inference.engine_client import EngineError, InProcessEngineClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -109,3 +109,35 @@ async def test_a_request_cancelled_while_queued_gives_up_its_place(client):
             break
         await asyncio.sleep(0.01)
     assert (status.models[0].waiting, status.models[0].running) == (0, 0)
+
+
+async def test_unload_without_force_is_called_off_when_the_drain_times_out(client):
+    running = await client.generate("stories", prompt_token_ids=[1, 300], max_tokens=400, ignore_eos=True)
+    await anext(running)
+    with pytest.raises(EngineError) as refused:
+        await client.unload("stories", drain_timeout=0.1, force=False)
+    assert (refused.value.type, refused.value.status) == ("unload_failed", 409)
+    assert client.models()["stories"].state == "ready"
+    tokens, done = await collect(running)  # the generation was left alone
+    assert done.completion_tokens == 400
+
+
+async def test_a_load_that_times_out_leaves_the_name_free(client, stories_hf_dir):
+    with pytest.raises(EngineError) as late:
+        await client.load("second", str(stories_hf_dir), timeout=0.001)
+    assert late.value.type == "load_failed" and "second" not in client.models()
+    info = await client.load("second", str(stories_hf_dir))  # not refused as "already loaded"
+    assert info.name == "second"
+    [status] = await client.status()  # loads run one after another, so the dropped one is gone by now
+    assert sorted(m.name for m in status.models) == ["second", "stories"]
+    await client.unload("second")
+
+
+async def test_logit_bias_keyed_by_token_id_reaches_the_sampler(client, engine):
+    prompt = chat_prompt_ids(engine, MESSAGES)
+    slot = engine.runner.allocate_slot()
+    first, second = engine.runner.prefill(slot, prompt).topk(2).indices.tolist()
+    engine.runner.free_slot(slot)
+    sampling = {"temperature": 0.0, "logit_bias": {first: -100.0}}
+    [tokens], _ = await collect(await client.generate("stories", messages=MESSAGES, sampling=sampling, max_tokens=1))
+    assert tokens.token_ids == [second]

@@ -11,8 +11,8 @@ import pytest
 import pytest_asyncio
 
 from inference.engine import protocol as p
+from inference.engine.hosted_model import chat_prompt_ids
 from inference.engine.loading import load_model
-from inference.engine.worker import chat_prompt_ids
 from inference.engine_client import EngineError, WorkerDied
 from inference.supervisor import WorkerSupervisor
 
@@ -160,8 +160,10 @@ async def test_killed_worker_fails_its_stream_fast_restarts_and_serves_its_model
     assert (crash.device, crash.pid, crash.returncode, crash.models) == ("cpu", old_pid, -signal.SIGKILL, ["stories"])
 
     await wait_until(lambda: client.models().get("stories") and client.models()["stories"].state == "ready", 90)
-    worker = supervisor.workers["cpu"]
-    assert worker.process.pid != old_pid and worker.restarts == restarts + 1
+    [info] = supervisor.describe()
+    assert (info.device, info.state, info.restarts) == ("cpu", "ready", restarts + 1) and info.pid != old_pid
+    assert time.time() - info.last_heartbeat < 5
+    assert supervisor.placements() == {"stories": "cpu"}
     _, text, _ = await collect(await client.generate("stories", messages=MESSAGES, sampling=GREEDY, max_tokens=20))
     assert text == reference[2]
 

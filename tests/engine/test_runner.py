@@ -1,0 +1,106 @@
+"""The step-level API on the real stories260K model: slots, chunked prefill, batched decode, limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine.errors import ContextOverflow, KVCacheFull
+from inference.engine.loader_hf import read_hf_dir
+from inference.engine.model import Transformer
+from inference.engine.runner import ModelRunner
+
+PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
+
+
+@pytest.fixture(scope="module")
+def checkpoint(stories_hf_dir):
+    return read_hf_dir(stories_hf_dir)
+
+
+@pytest.fixture
+def runner(checkpoint) -> ModelRunner:
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=64)
+    return ModelRunner(model, max_slots=3, max_context=64)
+
+
+def test_chunked_prefill_gives_the_same_logits_as_one_prefill(runner):
+    whole = runner.prefill(runner.allocate_slot(), PROMPT, all_logits=True)
+    slot = runner.allocate_slot()
+    chunks = [runner.prefill(slot, PROMPT[a:b], all_logits=True) for a, b in ((0, 4), (4, 5), (5, 13))]
+    assert runner.slot_length(slot) == len(PROMPT)
+    assert torch.allclose(torch.cat(chunks), whole, atol=1e-4, rtol=0)
+    assert whole.shape == (len(PROMPT), runner.vocab_size)
+    last = runner.prefill(runner.allocate_slot(), PROMPT)
+    assert last.shape == (runner.vocab_size,)
+    assert torch.allclose(last, whole[-1], atol=1e-4, rtol=0)
+
+
+def test_decode_equals_prefill_of_the_same_token(runner):
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    runner.prefill(a, PROMPT[:-1])
+    decoded = runner.decode([a], [PROMPT[-1]])[0]
+    prefilled = runner.prefill(b, PROMPT)
+    assert torch.allclose(decoded, prefilled, atol=1e-4, rtol=0)
+
+
+def test_batched_decode_of_different_lengths_in_any_slot_order_equals_decoding_alone(runner):
+    lengths = {0: 3, 1: 13, 2: 8}
+    slots = [runner.allocate_slot() for _ in lengths]
+    for slot in slots:
+        runner.prefill(slot, PROMPT[: lengths[slot]])
+    order = [2, 0, 1]  # not consecutive: the cache is read through an index, not a view
+    batched = runner.decode(order, [11, 12, 13])
+    assert batched.shape == (3, runner.vocab_size)
+    for row, (slot, token) in enumerate(zip(order, [11, 12, 13], strict=True)):
+        runner.truncate(slot, lengths[slot])
+        alone = runner.decode([slot], [token])[0]
+        assert torch.allclose(batched[row], alone, atol=1e-4, rtol=0)
+        assert runner.slot_length(slot) == lengths[slot] + 1
+
+
+def test_truncate_then_continue_equals_a_fresh_sequence(runner):
+    slot = runner.allocate_slot()
+    runner.prefill(slot, PROMPT)
+    runner.truncate(slot, 5)
+    assert runner.slot_length(slot) == 5
+    continued = runner.prefill(slot, [300, 301, 302], all_logits=True)
+    fresh = runner.prefill(runner.allocate_slot(), PROMPT[:5] + [300, 301, 302], all_logits=True)
+    assert torch.allclose(continued, fresh[5:], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError):
+        runner.truncate(slot, 9)
+
+
+def test_slots_are_reused_after_free_and_run_out(runner):
+    slots = [runner.allocate_slot() for _ in range(3)]
+    assert sorted(slots) == [0, 1, 2]
+    with pytest.raises(KVCacheFull):
+        runner.allocate_slot()
+    runner.prefill(slots[1], PROMPT)
+    runner.free_slot(slots[1])
+    runner.free_slot(slots[1])  # idempotent
+    reused = runner.allocate_slot()
+    assert reused == slots[1]
+    assert runner.slot_length(reused) == 0
+    # the reused slot starts empty: its logits are those of a fresh sequence, not a continuation
+    first = runner.prefill(reused, PROMPT[:1])
+    runner.free_slot(slots[0])
+    assert torch.allclose(first, runner.prefill(runner.allocate_slot(), PROMPT[:1]), atol=1e-4, rtol=0)
+
+
+def test_context_overflow_and_misuse_are_refused(runner):
+    slot = runner.allocate_slot()
+    with pytest.raises(ContextOverflow):
+        runner.prefill(slot, [5] * 65)
+    runner.prefill(slot, [5] * 64)
+    with pytest.raises(ContextOverflow):
+        runner.decode([slot], [5])
+    assert runner.slot_length(slot) == 64
+    other = runner.allocate_slot()
+    with pytest.raises(ValueError):
+        runner.decode([other, other], [5, 6])
+    with pytest.raises(ValueError):
+        runner.prefill(other, [])
+    runner.free_slot(other)
+    with pytest.raises(ValueError):
+        runner.decode([other], [5])
