@@ -59,33 +59,44 @@ def bench_model(path: Path, label: str) -> list[dict]:
         decode_s = time.perf_counter() - start
         for slot in slots:
             runner.free_slot(slot)
-        rows.append({
-            "model": label, "batch": batch,
-            "prefill_tok_s": batch * PROMPT_TOKENS / prefill_s,
-            "decode_tok_s": batch * DECODE_STEPS / decode_s,
-            "decode_ms_per_step": 1000 * decode_s / DECODE_STEPS,
-            "weight_bytes": loaded.weight_bytes,
-        })
+        rows.append(
+            {
+                "model": label,
+                "batch": batch,
+                "prefill_tok_s": batch * PROMPT_TOKENS / prefill_s,
+                "decode_tok_s": batch * DECODE_STEPS / decode_s,
+                "decode_ms_per_step": 1000 * decode_s / DECODE_STEPS,
+                "weight_bytes": loaded.weight_bytes,
+            }
+        )
     return rows
 
 
 def main() -> None:
     repo = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", type=Path, default=Path(os.environ.get("PANTHEON_TEST_MODELS", repo.parent / "shared" / "models")))
+    parser.add_argument(
+        "--models", type=Path, default=Path(os.environ.get("PANTHEON_TEST_MODELS", repo.parent / "shared" / "models"))
+    )
     args = parser.parse_args()
     stories_hf, stories_gguf = args.models / "stories260K-hf", args.models / "stories260K.gguf"
     random_hf, _ = write_random_llama(stories_hf, stories_gguf)
     bandwidth = copy_bandwidth_gbs()
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s (read+write)")
-    print(f"{'model':<12} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/step':>8} {'floor ms':>9} "
-          f"{'step/floor':>10}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s (read+write)"
+    )
+    print(
+        f"{'model':<12} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/step':>8} {'floor ms':>9} "
+        f"{'step/floor':>10}"
+    )
     for path, label in ((stories_hf, "stories260K"), (random_hf, "random85M")):
         for row in bench_model(path, label):
             floor_ms = 1000 * row["weight_bytes"] / (bandwidth * 1e9)  # weight bytes per token / copy bandwidth
-            print(f"{row['model']:<12} {row['batch']:>5} {row['prefill_tok_s']:>14.0f} {row['decode_tok_s']:>13.1f} "
-                  f"{row['decode_ms_per_step']:>8.2f} {floor_ms:>9.2f} {row['decode_ms_per_step'] / floor_ms:>10.2f}")
+            print(
+                f"{row['model']:<12} {row['batch']:>5} {row['prefill_tok_s']:>14.0f} {row['decode_tok_s']:>13.1f} "
+                f"{row['decode_ms_per_step']:>8.2f} {floor_ms:>9.2f} {row['decode_ms_per_step'] / floor_ms:>10.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
-def write_random_llama(stories_hf: Path, stories_gguf: Path, out_dir: Path | None = None, seed: int = 0) -> tuple[Path, Path]:
+def write_random_llama(
+    stories_hf: Path, stories_gguf: Path, out_dir: Path | None = None, seed: int = 0
+) -> tuple[Path, Path]:
     """Returns (hf_dir, gguf_path), writing them unless they already exist."""
     out_dir = out_dir or REPO / "var" / "bench"
     hf_dir, gguf_path = out_dir / "random85m-hf", out_dir / "random85m.gguf"
@@ -29,8 +31,13 @@ def write_random_llama(stories_hf: Path, stories_gguf: Path, out_dir: Path | Non
         return hf_dir, gguf_path
     hf_dir.mkdir(parents=True, exist_ok=True)
     config = json.loads((stories_hf / "config.json").read_text())
-    config.update(SHAPE, num_key_value_heads=SHAPE["num_attention_heads"], head_dim=64, max_position_embeddings=1024,
-                  tie_word_embeddings=False)
+    config.update(
+        SHAPE,
+        num_key_value_heads=SHAPE["num_attention_heads"],
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     tensors = _random_tensors(config, seed)
     save_file(tensors, str(hf_dir / "model.safetensors"))
     (hf_dir / "config.json").write_text(json.dumps(config, indent=2))
@@ -66,14 +73,23 @@ def _meta_order(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _gguf_name(hf: str) -> str:
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     if hf in top:
         return top[hf]
     layer_names = {
-        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
     }
     _, _, layer, rest = hf.split(".", 3)
     return f"blk.{layer}.{layer_names[rest.removesuffix('.weight')]}.weight"
