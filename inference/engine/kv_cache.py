@@ -2,9 +2,9 @@
 
 A slot holds one sequence's keys and values, positions `[0, length)`. Whoever allocates a slot owns it until it
 frees it: a slot belongs to a sequence, not to a request, so a chat session can keep its KV between requests, a
-shared prefix can be kept by truncating instead of recomputing, and a slot's `[:, :, :length]` rows are one
-contiguous block per layer that can be copied out and back. The bookkeeping (free list, lengths) lives on the host
-as plain ints, so scheduling never waits on the device.
+shared prefix can be kept by truncating instead of recomputing, and a slot's KV is one fixed region per layer
+(`keys[layer][slot, :, :length]`) that can be copied out to bytes and back in. The bookkeeping (free list, lengths)
+lives on the host as plain ints, so scheduling never waits on the device.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from .errors import ContextOverflow, KVCacheFull
 class CacheView:
     """Where one forward step writes its new keys and values and what it attends over."""
 
-    slots: torch.Tensor  # [B] long: the slot of each batch row
     positions: torch.Tensor  # [B, S] long: absolute position of each new token (also its RoPE index)
+    write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's cache
     rows: slice | torch.Tensor  # the slots as a slice when they are consecutive (read as a view), else an index
     length: int  # keys attended over: positions [0, length) of each row's slot
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
@@ -49,6 +49,7 @@ class KVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self._lengths: list[int | None] = [None] * max_slots  # None = free
         self._positions = torch.arange(max_context, device=device)
+        self._kv_heads = torch.arange(num_kv_heads, device=device)
 
     # -- slot bookkeeping -------------------------------------------------------------------------------------
 
@@ -107,7 +108,10 @@ class KVCache:
         if count > 1 or min(starts) != max(starts):
             mask = (self._positions[:longest] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
         rows = slice(slots[0], slots[0] + len(slots)) if consecutive else slot_index
-        return CacheView(slots=slot_index, positions=positions, rows=rows, length=longest, mask=mask)
+        # row index into a layer's cache seen as [max_slots * Hkv * max_context, hd], in [B, S, Hkv] order
+        heads = slot_index[:, None, None] * len(self._kv_heads) + self._kv_heads  # [B, 1, Hkv]
+        write_rows = (heads * self.max_context + positions[:, :, None]).flatten()
+        return CacheView(positions=positions, write_rows=write_rows, rows=rows, length=longest, mask=mask)
 
     def update(
         self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor
@@ -115,7 +119,7 @@ class KVCache:
         """Stores a step's new keys/values and returns everything the step attends over."""
         # k, v: [B, S, Hkv, hd] -> returns keys, values: [B, Hkv, L, hd]
         keys, values = self.keys[layer], self.values[layer]
-        index = (view.slots[:, None], slice(None), view.positions)
-        keys[index] = k
-        values[index] = v
+        head_dim = keys.shape[-1]
+        keys.view(-1, head_dim).index_copy_(0, view.write_rows, k.reshape(-1, head_dim))
+        values.view(-1, head_dim).index_copy_(0, view.write_rows, v.reshape(-1, head_dim))
         return keys[view.rows, :, : view.length], values[view.rows, :, : view.length]

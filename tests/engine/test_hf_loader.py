@@ -170,7 +170,7 @@ def test_load_model_hf_directory(stories_hf_dir):
     assert loaded.format == "hf" and loaded.dtype == torch.float32 and loaded.device == torch.device("cpu")
     assert loaded.eos_token_ids == [2]
     assert loaded.runner.max_context == 512 and loaded.runner.max_slots == 2
-    # every parameter once, plus the tied head's copy in oneDNN's layout (CPU linear layers are packed)
+    # every parameter once, plus the tied head's transposed copy (CPU linear layers keep [in, out] weights)
     assert loaded.weight_bytes == (260_032 + 512 * 64) * 4
     prompt = loaded.tokenizer.encode("Once upon a time")
     assert prompt == [1, 403, 407, 261, 378]
