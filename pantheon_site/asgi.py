@@ -1,4 +1,4 @@
-"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app."""
+"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app, inside CORS."""
 
 import os
 
@@ -11,6 +11,9 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-# SSE routes (streaming chat completions, /session/watch) get Channels consumers here, in a URLRouter placed in front
-# of django_asgi_app under "http"; everything else is a plain (async) Django view.
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from pantheon_site.cors import CorsMiddleware  # noqa: E402
+
+# Streaming chat completions are a plain async Django view (StreamingHttpResponse): Django's ASGI handler cancels the
+# response on a client disconnect, which aborts the generation (inference/completions.py). Consumers for routes that
+# need Channels (/session/watch) go in a URLRouter placed in front of django_asgi_app under "http".
+application = CorsMiddleware(ProtocolTypeRouter({"http": django_asgi_app}))

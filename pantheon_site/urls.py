@@ -1,7 +1,11 @@
 """URL routes. Any path not listed answers 404 not_found "unknown route" in the spec's envelope (handler404)."""
 
+from django.urls import include, path
+
 # The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*) are added here by the apps that own them.
-urlpatterns = []
+urlpatterns = [
+    path("", include("inference.urls")),
+]
 
 handler400 = "pantheon_site.errors.handler400"
 handler403 = "pantheon_site.errors.handler403"

@@ -1,0 +1,82 @@
+"""manage.py serve: the whole platform in the foreground — migrations, the workers, daphne, the catalogue's models.
+
+Daphne runs Twisted on an asyncio event loop; the worker supervisor, the engine client and every async view share
+that one loop, so a route awaits worker replies without a thread. Order: migrate, start the workers (before
+listening, so the first request finds them), listen, write the run file (`manage.py load_model` finds the server
+through it), then load the catalogue's autoload models in the background. Ctrl-C or SIGTERM stops daphne (its
+open requests are cancelled, which aborts their generations), then the workers, and removes the run file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from inference.admin_auth import install_local_secret
+from inference.host_info import build_id
+from inference.run_file import RunInfo, new_admin_secret, remove_run_file, write_run_file
+from inference.server_client import running_server
+from pantheon_site.management.base import CommandResult, PantheonCommand
+
+
+class Command(PantheonCommand):
+    help = "Run Pantheon in the foreground: the HTTP API on --host/--port, with one worker process per device."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+
+    def perform(self, *, host: str, port: int, **options) -> CommandResult:
+        running = running_server()
+        if running is not None:  # a second server would take over the first one's instance rows
+            raise CommandError(f"a Pantheon server is already running at {running.url} (pid {running.pid})")
+        call_command("migrate", interactive=False, verbosity=0)
+        # daphne.server installs Twisted's asyncio reactor when imported, so it is imported only here, first.
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+        from twisted.internet import defer, reactor
+
+        from inference.control_plane import ControlPlane
+        from pantheon_site.asgi import application
+
+        loop = reactor._asyncioEventloop
+        asyncio.set_event_loop(loop)
+        build_id()  # computed once now rather than by the first request
+        plane = ControlPlane()
+        self.stdout.write("Starting the workers...")
+        loop.run_until_complete(plane.start())
+        devices = ", ".join(sorted(plane.client.workers()))
+        secret = new_admin_secret()
+        install_local_secret(secret)
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+        def ready() -> None:
+            write_run_file(RunInfo(os.getpid(), url, secret))
+            self.stdout.write(f"Pantheon is serving on http://{host}:{port} (workers: {devices}). Ctrl-C stops it.")
+            self.stdout.flush()
+            plane.start_autoload()
+
+        def stop_workers():
+            return defer.Deferred.fromFuture(asyncio.ensure_future(plane.stop(), loop=loop))
+
+        server = Server(
+            application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            signal_handlers=True,
+            ready_callable=ready,
+            verbosity=0,
+        )
+        reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
+        try:
+            server.run()
+        finally:
+            remove_run_file(os.getpid())
+            install_local_secret(None)
+            plane.supervisor.terminate_all(timeout=5.0)
+        if not server.listening_addresses:
+            loop.run_until_complete(plane.stop())
+            raise CommandError(f"could not listen on {host}:{port} (is another server using the port?)")
+        return CommandResult(lines=["Pantheon stopped."])

@@ -1,0 +1,274 @@
+"""Request bodies of the /v1 and /admin routes, validated at the edge with DRF serializers.
+
+Every field keeps the spec's default and clamp (pantheon-http-api.md, "Request body"), so a route receives values it
+can hand to the engine unchanged. Anything that fails validation raises `InvalidRequest` (400
+invalid_request_error) with a one-line message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rest_framework import serializers
+
+from pantheon_site.errors import InvalidRequest, as_pantheon_error
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_TOKENS_DEFAULT = 1024
+MAX_TOKENS_NONPOSITIVE = 512  # what max_tokens <= 0 means
+MAX_TOKENS_LIMIT = 1_048_576
+TOP_LOGPROBS_LIMIT = 20
+LOGIT_BIAS_LIMIT = 100.0
+PENALTY_LIMIT = 2.0
+SEED_MODULUS = 2**63  # the sampler's seeds are non-negative 63-bit integers
+MAX_DIES = 8
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; InvalidRequest for an empty body, malformed JSON or a non-object."""
+    if not raw.strip():
+        raise InvalidRequest("the request body is empty", reason="empty_body")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", reason="malformed_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", reason="body_not_object")
+    return body
+
+
+def validated(serializer_class: type[serializers.Serializer], body: dict[str, Any]) -> dict[str, Any]:
+    """`serializer_class(data=body)`'s validated data, or InvalidRequest naming what is wrong."""
+    serializer = serializer_class(data=body)
+    if not serializer.is_valid():
+        raise as_pantheon_error(serializers.ValidationError(serializer.errors))
+    return serializer.validated_data
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return max(low, min(high, value))
+
+
+# -- chat completions ---------------------------------------------------------------------------------------------
+
+
+class LenientTextField(serializers.Field):
+    """A message's content: a string is kept, any other JSON value (an array of parts, a number, null) reads as ""."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_null=True, default="", **kwargs)
+
+    def validate_empty_values(self, data):
+        if data is None:
+            return True, ""
+        return super().validate_empty_values(data)
+
+    def to_internal_value(self, data):
+        return data if isinstance(data, str) else ""
+
+    def to_representation(self, value):
+        return value
+
+
+class StopField(serializers.Field):
+    """`stop`: one string or an array of strings, as a list without empty strings."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_null=True, default=list, **kwargs)
+
+    def validate_empty_values(self, data):
+        if data is None:
+            return True, []
+        return super().validate_empty_values(data)
+
+    def to_internal_value(self, data):
+        items = [data] if isinstance(data, str) else data
+        if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+            raise serializers.ValidationError("must be a string or an array of strings")
+        return [s for s in items if s]
+
+    def to_representation(self, value):
+        return value
+
+
+class LogitBiasField(serializers.Field):
+    """`logit_bias`: {"<token id>": bias}. Biases are clamped to [-100, 100]; non-numeric keys or values are skipped."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_null=True, default=dict, **kwargs)
+
+    def validate_empty_values(self, data):
+        if data is None:
+            return True, {}
+        return super().validate_empty_values(data)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("must be an object of token id to bias")
+        bias = {}
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            try:
+                token = int(key)
+            except ValueError:
+                continue
+            bias[token] = _clamp(float(value), -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)
+        return bias
+
+    def to_representation(self, value):
+        return value
+
+
+class MessageSerializer(serializers.Serializer):
+    """One chat turn. A missing role is a user turn; non-string content is read as empty."""
+
+    role = serializers.ChoiceField(choices=ROLES, default="user")
+    content = LenientTextField()
+    reasoning_content = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
+    tool_calls = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    tool_call_id = serializers.CharField(required=False, allow_blank=True)
+    name = serializers.CharField(required=False, allow_blank=True)
+
+    def validate(self, attrs):
+        # Only an assistant turn replays reasoning and tool calls; None values are left out of the template's input.
+        if attrs["role"] != "assistant":
+            attrs.pop("reasoning_content", None)
+            attrs.pop("tool_calls", None)
+        return {k: v for k, v in attrs.items() if v is not None}
+
+
+class StreamOptionsSerializer(serializers.Serializer):
+    include_usage = serializers.BooleanField(default=False)
+
+
+class ChatCompletionSerializer(serializers.Serializer):
+    """POST /v1/chat/completions. Defaults: temperature 0.7, top_p 0.95, top_k 40, max_tokens 1024."""
+
+    model = serializers.CharField(required=False, allow_null=True, allow_blank=True, default="")
+    messages = MessageSerializer(many=True, allow_empty=False)
+    temperature = serializers.FloatField(default=0.7)
+    top_p = serializers.FloatField(default=0.95)
+    top_k = serializers.IntegerField(default=40)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True)
+    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True)
+    stop = StopField()
+    stream = serializers.BooleanField(default=False)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    seed = serializers.IntegerField(required=False, allow_null=True)
+    presence_penalty = serializers.FloatField(default=0.0)
+    frequency_penalty = serializers.FloatField(default=0.0)
+    logit_bias = LogitBiasField()
+    logprobs = serializers.BooleanField(default=False)
+    top_logprobs = serializers.IntegerField(default=0)
+    tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    enable_thinking = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+
+def chat_request_from(data: dict[str, Any]) -> ChatRequest:
+    """ChatCompletionSerializer's validated data as what the route and the engine need, defaults and clamps applied."""
+    max_tokens = data.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = data.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = MAX_TOKENS_DEFAULT
+    elif max_tokens <= 0:
+        max_tokens = MAX_TOKENS_NONPOSITIVE
+    sampling = {
+        "temperature": data["temperature"],
+        "top_p": data["top_p"],
+        "top_k": max(0, data["top_k"]),
+        "presence_penalty": _clamp(data["presence_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+        "frequency_penalty": _clamp(data["frequency_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+        "logprobs": data["logprobs"],
+        "top_logprobs": int(_clamp(data["top_logprobs"], 0, TOP_LOGPROBS_LIMIT)) if data["logprobs"] else 0,
+    }
+    if data.get("seed") is not None:
+        sampling["seed"] = data["seed"] % SEED_MODULUS
+    if data["logit_bias"]:
+        sampling["logit_bias"] = data["logit_bias"]
+    tools = data.get("tools") or None
+    if data.get("tool_choice") == "none":
+        tools = None
+    return ChatRequest(
+        model=data.get("model") or "",
+        messages=[dict(m) for m in data["messages"]],
+        sampling=sampling,
+        max_tokens=min(max_tokens, MAX_TOKENS_LIMIT),
+        stop=data["stop"],
+        stream=data["stream"],
+        include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
+        tools=tools,
+        enable_thinking=data.get("enable_thinking"),
+    )
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A validated chat completion request. `sampling` holds SamplingParams fields for the engine."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    sampling: dict[str, Any]
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    tools: list[dict[str, Any]] | None = None
+    enable_thinking: bool | None = None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.sampling.get("logprobs"))
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """The body of POST /v1/chat/completions, validated; InvalidRequest otherwise."""
+    return chat_request_from(validated(ChatCompletionSerializer, parse_json_object(raw)))
+
+
+# -- operator routes ----------------------------------------------------------------------------------------------
+
+
+class NonNegativeIntegerField(serializers.IntegerField):
+    """A count where 0 (or, as in the C server's parsing, anything below it) means "the engine's default"."""
+
+    def to_internal_value(self, data):
+        return max(0, super().to_internal_value(data))
+
+
+class LoadModelSerializer(serializers.Serializer):
+    """POST /admin/models/load. `dies` are CUDA device ordinals (at most 8); `device` ("cpu", "cuda:N") is
+    Pantheon's own spelling of the same choice. A load places a model on one device."""
+
+    path = serializers.CharField()
+    name = serializers.CharField(required=False, max_length=200)
+    dies = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False, max_length=MAX_DIES)
+    device = serializers.RegexField(r"^(cpu|cuda:\d+)$", required=False)
+    quantize = serializers.BooleanField(default=False)
+    dtype = serializers.ChoiceField(choices=("float32", "bfloat16", "float16"), required=False)
+    ctx_cap = NonNegativeIntegerField(default=0)
+    max_sessions = NonNegativeIntegerField(default=0)
+    max_concurrent = NonNegativeIntegerField(default=0)
+    reasoning_budget = NonNegativeIntegerField(default=0)
+
+
+class UnloadModelSerializer(serializers.Serializer):
+    """POST /admin/models/unload: by served `name`, or by instance `id` (one of several instances of a name)."""
+
+    name = serializers.CharField(required=False)
+    id = serializers.IntegerField(required=False, min_value=1)
+
+    def validate(self, attrs):
+        if not attrs.get("name") and attrs.get("id") is None:
+            raise serializers.ValidationError({"name": ["This field is required."]})
+        return attrs
+
+
+def parse_body(serializer_class: type[serializers.Serializer], raw: bytes) -> dict[str, Any]:
+    """A JSON-object body validated by `serializer_class`; InvalidRequest otherwise."""
+    return dict(validated(serializer_class, parse_json_object(raw)))

@@ -1,0 +1,15 @@
+"""The serving control plane's routes (spec: "Routes"). Any other path is 404 not_found (pantheon_site.urls)."""
+
+from django.urls import path
+
+from inference.views import admin, health, openai
+
+urlpatterns = [
+    path("", health.health),
+    path("v1/models", openai.list_models),
+    path("v1/chat/completions", openai.chat_completions),
+    path("admin/models", admin.list_instances),
+    path("admin/models/load", admin.load),
+    path("admin/models/unload", admin.unload),
+    path("admin/dies", admin.list_dies),
+]

@@ -1,0 +1,21 @@
+"""Method checks for the route table: a known path called with a method the spec does not list is 404 not_found
+("any other path"), like an unknown path. OPTIONS never gets here: the CORS layer answers every preflight."""
+
+import functools
+
+from pantheon_site.errors import NotFound
+
+
+def only(method: str):
+    """Decorator for an async view that answers `method` only."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        async def wrapper(request, *args, **kwargs):
+            if request.method != method:
+                raise NotFound()
+            return await view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

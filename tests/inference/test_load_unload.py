@@ -1,0 +1,210 @@
+"""Loading and unloading models in a running server, through the API and through `manage.py`, with the catalogue,
+the instance rows and the audit log following; unload drains generations in flight within its timeout; a client
+that disconnects frees its generation at once."""
+
+import getpass
+import json
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
+from pantheon_site.models import AuditEvent
+from tests.inference.serving import bearer, free_port, run_manage, serving_env, sse_events, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LONG_STREAM = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    return start_server()
+
+
+@pytest.fixture
+def api(server, operator_token):
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as client:
+        yield client
+        for row in client.get("/admin/models").json()["data"]:
+            client.post("/admin/models/unload", json={"name": row["id"]})
+
+
+def served(api):
+    return [m["id"] for m in api.get("/v1/models").json()["data"]]
+
+
+def test_load_and_unload_through_the_api(api, stories_hf_dir):
+    response = api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "s", "ctx_cap": 128})
+    assert response.status_code == 200, response.text
+    row = response.json()
+    assert (row["id"], row["device"], row["context_window"]) == ("s", "cpu", 128)
+    assert served(api) == ["s"]
+    catalogue = CatalogModel.objects.get(name="s")
+    assert (catalogue.path, catalogue.format, catalogue.architecture) == (str(stories_hf_dir), "hf", "llama")
+    assert catalogue.ctx_cap == 128 and catalogue.autoload
+    instance = ModelInstance.objects.get()
+    assert (instance.pk, instance.state, instance.device) == (row["instance_id"], InstanceState.READY, "cpu")
+    assert instance.context_window == 128 and instance.memory_bytes == row["vram_bytes"]
+
+    response = api.post("/admin/models/unload", json={"name": "s"})
+    assert response.json() == {"unloaded": "s", "instance_id": row["instance_id"], "aborted": 0}
+    assert served(api) == [] and not ModelInstance.objects.exists()
+    assert not CatalogModel.objects.get(name="s").autoload  # an unloaded model is not brought back at start
+    events = [
+        (e.operation, e.outcome, e.actor_label, e.model) for e in AuditEvent.objects.exclude(operation="model_list")
+    ]
+    assert events == [("model_load", "accepted", "ops", "s"), ("model_unload", "accepted", "ops", "s")]
+
+
+def test_unload_by_instance_id(api, stories_hf_dir, stories_gguf_path):
+    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "a"})
+    b = api.post("/admin/models/load", json={"path": str(stories_gguf_path), "name": "b"}).json()
+    assert api.post("/admin/models/unload", json={"id": b["instance_id"]}).json()["unloaded"] == "b"
+    assert served(api) == ["a"]
+
+
+def test_manage_py_acts_on_the_running_server(api, server, stories_gguf_path):
+    loaded = server.manage("load_model", str(stories_gguf_path), "--name", "cli", "--ctx-cap", "64")
+    assert loaded.returncode == 0, loaded.stderr
+    assert "Loaded 'cli'" in loaded.stdout and server.url in loaded.stdout
+    assert api.get("/v1/models").json()["data"][0]["context_window"] == 64
+    unloaded = server.manage("unload_model", "cli")
+    assert unloaded.returncode == 0, unloaded.stderr
+    assert "Unloaded 'cli'" in unloaded.stdout
+    assert served(api) == []
+    refused = server.manage("load_model", "/nonexistent/model.gguf")
+    assert refused.returncode == 1 and "no such file" in refused.stderr
+    # One event per action, written by the server and attributed to the operator's OS account.
+    events = [(e.operation, e.outcome, e.actor_kind, e.actor_label, e.model) for e in AuditEvent.objects.all()]
+    user = getpass.getuser()
+    assert events == [
+        ("model_load", "accepted", "cli", user, "cli"),
+        ("model_unload", "accepted", "cli", user, "cli"),
+        ("model_load", "refused", "cli", user, "/nonexistent/model.gguf"),
+    ]
+
+
+def test_the_run_file_is_private_to_the_server_user(server):
+    info = server.run_file()
+    assert info["url"] == server.url and info["pid"] == server.process.pid
+    assert (server.data_dir / "run" / "server.json").stat().st_mode & 0o077 == 0
+
+
+def test_a_second_serve_on_the_same_data_folder_refuses_to_start(server):
+    second = server.manage("serve", "--port", str(free_port()))
+    assert second.returncode == 1 and f"already running at {server.url}" in second.stderr
+
+
+def test_without_a_server_the_commands_change_the_catalogue(server, stories_hf_dir, tmp_path):
+    env = serving_env(tmp_path)  # another data folder: no run file, so no server to talk to
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "server.json").write_text(json.dumps({"pid": 2**22 + 1, "url": server.url,
+                                                              "admin_secret": "pthl_stale"}))  # fmt: skip
+    loaded = run_manage(env, "load_model", str(stories_hf_dir), "--name", "later")
+    assert loaded.returncode == 0 and "No server is running" in loaded.stdout
+    assert CatalogModel.objects.get(name="later").autoload
+    unloaded = run_manage(env, "unload_model", "later")
+    assert unloaded.returncode == 0 and "will not load it" in unloaded.stdout
+    assert not CatalogModel.objects.get(name="later").autoload
+    assert [(e.operation, e.actor_kind) for e in AuditEvent.objects.all()] == [("model_load", "cli"),
+                                                                              ("model_unload", "cli")]  # fmt: skip
+    assert not ModelInstance.objects.exists()
+
+
+def stream_then_unload(server, api, name):
+    """Starts a long greedy stream, and once its first token arrived, unloads the model. Returns the stream's
+    events, when the stream ended, the unload's response and when it returned."""
+    result = {}
+
+    def unload():
+        result["unload"] = api.post("/admin/models/unload", json={"name": name})
+        result["unloaded_at"] = time.monotonic()
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "model": name}) as stream:
+            lines = stream.iter_lines()
+            while not next(lines).startswith('data: {"id"'):
+                pass
+            thread = threading.Thread(target=unload)
+            thread.start()
+            events = [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]" for line in lines if line]
+            ended_at = time.monotonic()
+    thread.join()
+    return events, ended_at, result["unload"], result["unloaded_at"]
+
+
+def test_unload_drains_a_generation_in_flight(api, server, stories_hf_dir):
+    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "busy"})
+    events, ended_at, unload, unloaded_at = stream_then_unload(server, api, "busy")
+    assert events[-1] == "[DONE]"
+    assert events[-2]["choices"][0]["finish_reason"] == "length"  # ran to the window: nothing was cut short
+    assert unload.status_code == 200 and unload.json()["aborted"] == 0
+    assert unloaded_at >= ended_at - 0.05  # the unload returned only once the generation was done
+    assert served(api) == []
+
+
+def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, stories_hf_dir, operator_token):
+    server = start_server(PANTHEON_UNLOAD_DRAIN_TIMEOUT_S="0.2")
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as api:
+        api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "slow"})
+        started = time.monotonic()
+        events, ended_at, unload, unloaded_at = stream_then_unload(server, api, "slow")
+        assert unload.status_code == 200 and unload.json()["aborted"] == 1
+        assert unloaded_at - started < 5
+        assert "[DONE]" not in events
+        assert events[-1]["error"]["type"] == "server_error" and "unloaded" in events[-1]["error"]["message"]
+        assert served(api) == []
+
+
+def test_a_client_that_disconnects_frees_its_generation(api, server, stories_hf_dir):
+    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "d"})
+
+    def running():
+        [row] = api.get("/admin/models").json()["data"]
+        return row["live"]["running"]
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as stream:
+            lines = stream.iter_lines()
+            for _ in range(3):
+                next(lines)
+            assert running() == 1
+            stream.close()
+            closed_at = time.monotonic()
+    wait_for(lambda: running() == 0, timeout=5, interval=0.01)
+    assert time.monotonic() - closed_at < 0.5  # a full 500-token generation takes seconds longer
+
+
+def test_streams_of_loaded_models_follow_the_spec_order(api, server, stories_hf_dir):
+    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "order"})
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        body = {"messages": [{"content": "Hi"}], "max_tokens": 5, "stream": True, "logprobs": True, "top_logprobs": 2}
+        with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+            assert stream.headers["access-control-allow-origin"] == "*"
+            events = sse_events(stream)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    content = [e for e in events[1:-2] if e["choices"][0]["delta"].get("content") is not None]
+    assert content and all(e["object"] == "chat.completion.chunk" for e in content)
+    tokens = [t for e in content for t in e["choices"][0]["logprobs"]["content"]]
+    assert len(tokens) == 5 and all(len(t["top_logprobs"]) == 2 for t in tokens)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_cleanly_with_its_workers(start_server, stories_hf_dir, operator_token, sig):
+    server = start_server()
+    httpx.post(server.url + "/admin/models/load", json={"path": str(stories_hf_dir)}, headers=bearer(operator_token))
+    workers = [psutil.Process(pid) for pid in server.worker_pids()]
+    assert workers
+    server.process.send_signal(sig)
+    assert server.process.wait(30) == 0
+    assert "Pantheon stopped." in server.log()
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    assert not (server.data_dir / "run" / "server.json").exists()
+    assert not ModelInstance.objects.exists()
+    assert set(Worker.objects.values_list("state", flat=True)) <= {WorkerState.STOPPED}

@@ -1,0 +1,144 @@
+"""The request bodies as the spec defines them: defaults, clamps, aliases, lenient message content, and a 400
+invalid_request_error naming the field for everything else."""
+
+import json
+
+import pytest
+
+from inference.serializers import (
+    LoadModelSerializer,
+    UnloadModelSerializer,
+    parse_body,
+    parse_chat_request,
+)
+from pantheon_site.errors import InvalidRequest
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def chat(**fields):
+    return parse_chat_request(json.dumps({"messages": HELLO, **fields}).encode())
+
+
+def test_defaults_are_the_specs():
+    request = chat()
+    assert request.sampling == {
+        "temperature": 0.7, "top_p": 0.95, "top_k": 40, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "logprobs": False, "top_logprobs": 0,
+    }  # fmt: skip
+    assert request.max_tokens == 1024
+    assert (request.model, request.stop, request.stream, request.include_usage) == ("", [], False, False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"max_tokens": 0}, 512),
+        ({"max_tokens": -5}, 512),
+        ({"max_tokens": 10**9}, 1_048_576),
+        ({"max_completion_tokens": 7}, 7),
+        ({"max_tokens": 3, "max_completion_tokens": 7}, 3),
+        ({"max_tokens": None, "max_completion_tokens": 7}, 7),
+    ],
+)
+def test_max_tokens_clamps_and_alias(fields, expected):
+    assert chat(**fields).max_tokens == expected
+
+
+def test_penalties_logit_bias_and_top_logprobs_are_clamped():
+    request = chat(
+        presence_penalty=5, frequency_penalty=-9, logprobs=True, top_logprobs=50,
+        logit_bias={"7": 250, "8": -1000, "9": 1.5, "x": 3, "10": "high", "11": True},
+    )  # fmt: skip
+    assert request.sampling["presence_penalty"] == 2.0
+    assert request.sampling["frequency_penalty"] == -2.0
+    assert request.sampling["top_logprobs"] == 20
+    assert request.sampling["logit_bias"] == {7: 100.0, 8: -100.0, 9: 1.5}
+
+
+def test_top_logprobs_only_with_logprobs():
+    assert chat(top_logprobs=5).sampling["top_logprobs"] == 0
+
+
+def test_stop_string_or_list_and_stream_options():
+    assert chat(stop="END").stop == ["END"]
+    assert chat(stop=["a", "", "b"]).stop == ["a", "b"]
+    streaming = chat(stream=True, stream_options={"include_usage": True})
+    assert streaming.stream and streaming.include_usage
+
+
+def test_messages_missing_role_is_user_and_non_string_content_is_empty():
+    request = parse_chat_request(
+        json.dumps(
+            {"messages": [{"content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "x"}]},
+                          {"role": "assistant", "content": None, "reasoning_content": "thought"},
+                          {"role": "user", "content": "again", "reasoning_content": "dropped"}]}
+        ).encode()
+    )  # fmt: skip
+    assert request.messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": "", "reasoning_content": "thought"},
+        {"role": "user", "content": "again"},
+    ]
+
+
+def test_seed_is_kept_within_63_bits():
+    assert chat(seed=5).sampling["seed"] == 5
+    assert 0 <= chat(seed=-1).sampling["seed"] < 2**63
+
+
+def test_tool_choice_none_drops_tools():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert chat(tools=tools).tools == tools
+    assert chat(tools=tools, tool_choice="none").tools is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "mentions"),
+    [
+        (b"", "empty"),
+        (b"   ", "empty"),
+        (b"{not json", "JSON"),
+        (b"[1, 2]", "object"),
+        (b'"text"', "object"),
+        (b"{}", "messages"),
+        (b'{"messages": []}', "messages"),
+        (b'{"messages": "hello"}', "messages"),
+        (b'{"messages": ["hello"]}', "messages"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', "role"),
+        (b'{"messages": [{"content": "x"}], "temperature": "hot"}', "temperature"),
+        (b'{"messages": [{"content": "x"}], "stop": [1]}', "stop"),
+        (b'{"messages": [{"content": "x"}], "logit_bias": [1]}', "logit_bias"),
+        (b'{"messages": [{"content": "x"}], "max_tokens": 1.5}', "max_tokens"),
+    ],
+)
+def test_invalid_bodies_are_invalid_request_errors(raw, mentions):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_chat_request(raw)
+    assert caught.value.status == 400 and caught.value.type == "invalid_request_error"
+    assert mentions in caught.value.message
+
+
+def test_load_body():
+    body = parse_body(LoadModelSerializer, b'{"path": "/m.gguf", "dies": [0], "ctx_cap": -1, "max_concurrent": 2}')
+    assert body["path"] == "/m.gguf" and body["dies"] == [0]
+    assert body["ctx_cap"] == 0 and body["max_concurrent"] == 2 and body["quantize"] is False
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{oops", b"{}", b'{"name": "x"}', b'{"path": "/m", "dies": [0,1,2,3,4,5,6,7,8]}',
+     b'{"path": "/m", "device": "tpu"}', b'{"path": "/m", "dies": [-1]}'],
+)  # fmt: skip
+def test_invalid_load_bodies(raw):
+    with pytest.raises(InvalidRequest):
+        parse_body(LoadModelSerializer, raw)
+
+
+def test_unload_body_needs_a_name_or_an_id():
+    assert parse_body(UnloadModelSerializer, b'{"name": "m"}') == {"name": "m"}
+    assert parse_body(UnloadModelSerializer, b'{"id": 3}') == {"id": 3}
+    for raw in (b"{}", b'{"name": ""}', b"[]", b"{bad"):
+        with pytest.raises(InvalidRequest):
+            parse_body(UnloadModelSerializer, raw)
