@@ -10,6 +10,7 @@ worker at once: every path out of these functions goes through `Generation.__aex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -29,14 +30,19 @@ def new_completion_id() -> str:
     return "chatcmpl-" + secrets.token_hex(12)
 
 
-def usage_body(finished: p.Finished) -> dict[str, Any]:
+def usage_body(generations: list[Generation]) -> dict[str, Any]:
+    """The request's usage: the prompt counted once, completion tokens summed across choices, the KV numbers of the
+    fullest choice."""
+    finished = [g.finished for g in generations]
+    prompt = finished[0].prompt_tokens
+    completion = sum(f.completion_tokens for f in finished)
     return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-        "kv_used": finished.kv_used,
-        "kv_cap": finished.kv_cap,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": finished[0].cached_tokens},
+        "kv_used": max(f.kv_used for f in finished),
+        "kv_cap": finished[0].kv_cap,
     }
 
 
@@ -62,32 +68,44 @@ class CompletionContext:
         self.created = int(time.time())
 
     def envelope(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.chat.n_status:
+            body["n_status"] = self.chat.n_status
+        return body
 
 
-async def complete(generation: Generation, ctx: CompletionContext) -> dict[str, Any]:
-    """Runs the generation to its end and returns the `chat.completion` body. Raises the API error of a failure."""
-    splitter = ReasoningSplitter()
-    reasoning, content, logprobs = [], [], []
+async def complete(generations: list[Generation], ctx: CompletionContext) -> dict[str, Any]:
+    """Runs the generations (one per choice) to their end and returns the `chat.completion` body. Raises the API
+    error of a failure (the other choices are aborted then)."""
+    choices = []
     try:
-        async with generation:
-            async for event in generation:
-                if isinstance(event, p.Tokens):
-                    r, c = splitter.push(event.text)
-                    reasoning.append(r)
-                    content.append(c)
-                    logprobs += logprobs_content(event)
+        async with contextlib.AsyncExitStack() as stack:
+            for generation in generations:
+                await stack.enter_async_context(generation)
+            for index, generation in enumerate(generations):
+                choices.append(await _choice(generation, index, ctx))
     except EngineError as exc:
         raise as_api_error(exc) from exc
+    return {**ctx.envelope("chat.completion"), "choices": choices, "usage": usage_body(generations)}
+
+
+async def _choice(generation: Generation, index: int, ctx: CompletionContext) -> dict[str, Any]:
+    splitter = ReasoningSplitter()
+    reasoning, content, logprobs = [], [], []
+    async for event in generation:
+        if isinstance(event, p.Tokens):
+            r, c = splitter.push(event.text)
+            reasoning.append(r)
+            content.append(c)
+            logprobs += logprobs_content(event)
     r, c = splitter.flush()
-    finished = generation.finished
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) + c}
     if reasoning_text := "".join(reasoning) + r:
         message["reasoning_content"] = reasoning_text
-    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finished.finish_reason}
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": generation.finished.finish_reason}
     if ctx.chat.wants_logprobs:
         choice["logprobs"] = {"content": logprobs}
-    return {**ctx.envelope("chat.completion"), "choices": [choice], "usage": usage_body(finished)}
+    return choice
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -101,39 +119,46 @@ def error_event(error: PantheonError) -> bytes:
     return sse(openai_error_body(error, streaming=True))
 
 
-async def stream_chunks(generation: Generation, ctx: CompletionContext) -> AsyncIterator[bytes]:
-    """The SSE events of a streaming completion (see the module docstring)."""
+async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -> AsyncIterator[bytes]:
+    """The SSE events of a streaming completion (see the module docstring); with n > 1 the choices stream one after
+    another, each from its role delta to its closing chunk, told apart by `index`."""
+    async with contextlib.AsyncExitStack() as stack:
+        for generation in generations:
+            await stack.enter_async_context(generation)
+        for index, generation in enumerate(generations):
+            try:
+                async for event in _choice_chunks(generation, index, ctx):
+                    yield event
+            except EngineError as exc:
+                yield error_event(as_api_error(exc))
+                return
+    if ctx.chat.include_usage:
+        yield sse({**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)})
+    yield sse("[DONE]")
 
+
+async def _choice_chunks(generation: Generation, index: int, ctx: CompletionContext) -> AsyncIterator[bytes]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, **extra, "finish_reason": finish_reason}
+        choice = {"index": index, "delta": delta, **extra, "finish_reason": finish_reason}
         return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice]})
 
     splitter = ReasoningSplitter()
-    async with generation:
-        yield chunk({"role": "assistant"})
-        try:
-            async for event in generation:
-                if not isinstance(event, p.Tokens):
-                    continue
-                reasoning, content = splitter.push(event.text)
-                if reasoning:
-                    yield chunk({"reasoning_content": reasoning})
-                if content or (event.logprobs and ctx.chat.wants_logprobs):
-                    extra = {"logprobs": {"content": logprobs_content(event)}} if ctx.chat.wants_logprobs else {}
-                    yield chunk({"content": content}, **extra)
-        except EngineError as exc:
-            yield error_event(as_api_error(exc))
-            return
+    yield chunk({"role": "assistant"})
+    async for event in generation:
+        if not isinstance(event, p.Tokens):
+            continue
+        reasoning, content = splitter.push(event.text)
+        if reasoning:
+            yield chunk({"reasoning_content": reasoning})
+        if content or (event.logprobs and ctx.chat.wants_logprobs):
+            extra = {"logprobs": {"content": logprobs_content(event)}} if ctx.chat.wants_logprobs else {}
+            yield chunk({"content": content}, **extra)
     reasoning, content = splitter.flush()
     if reasoning:
         yield chunk({"reasoning_content": reasoning})
     if content:
         yield chunk({"content": content})
-    finished = generation.finished
-    yield chunk({}, finished.finish_reason)
-    if ctx.chat.include_usage:
-        yield sse({**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(finished)})
-    yield sse("[DONE]")
+    yield chunk({}, generation.finished.finish_reason)
 
 
 async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:

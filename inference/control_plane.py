@@ -33,6 +33,8 @@ logger = logging.getLogger("pantheon.serve")
 
 SYNC_INTERVAL_S = 1.0
 CATALOG_REFRESH_S = 5.0
+DRAIN_POLL_S = 0.05
+DRAIN_FLUSH_S = 0.2  # after the last completion ended, time for its final bytes to reach the client
 HEARTBEAT_RECORD_S = 10.0  # a worker's last_heartbeat row is refreshed this often, not on every heartbeat
 WORKER_STATES = {"starting": WorkerState.STARTING, "ready": WorkerState.READY, "restarting": WorkerState.DEAD,
                  "stopped": WorkerState.STOPPED}  # fmt: skip
@@ -80,6 +82,15 @@ class ControlPlane:
     def start_autoload(self) -> None:
         """Loads the catalogue's autoload models in the background (the server answers meanwhile)."""
         self._autoload_task = asyncio.get_event_loop().create_task(self.autoload(), name="autoload")
+
+    async def drain(self, timeout: float) -> None:
+        """Refuses new completions (503 server_shutting_down) and returns once none is in flight, or after
+        `timeout` seconds; what still runs then is cancelled when the server stops."""
+        self.dispatcher.shutting_down = True
+        deadline = time.monotonic() + timeout
+        while self.dispatcher.completions_in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        await asyncio.sleep(DRAIN_FLUSH_S)
 
     async def stop(self) -> None:
         self._stopping = True

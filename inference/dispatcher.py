@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from inference.engine_client import EngineClient, ModelPlacement
-from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded
+from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown
 
 T = TypeVar("T")
 
@@ -78,6 +78,19 @@ class Dispatcher:
         self.catalog_names: frozenset[str] = frozenset()
         self._loads: dict[str, asyncio.Future] = {}  # every load in progress, by name
         self._on_demand: dict[str, asyncio.Future] = {}  # loads /v1 requests started, which later requests share
+        self.shutting_down = False  # set on SIGTERM: new completions are refused, running ones finish
+        self.completions_in_flight = 0  # completion requests between begin_completion() and end_completion()
+
+    # -- completions in flight (graceful shutdown waits for them) ------------------------------------------------
+
+    def begin_completion(self) -> None:
+        """Counts a completion request in; 503 server_shutting_down (Retry-After: 1) once shutdown began."""
+        if self.shutting_down:
+            raise ServerShuttingDown("the server is shutting down; retry in a moment", reason="shutting_down")
+        self.completions_in_flight += 1
+
+    def end_completion(self) -> None:
+        self.completions_in_flight -= 1
 
     # -- what is served -------------------------------------------------------------------------------------------
 

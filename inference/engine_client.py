@@ -351,13 +351,18 @@ class ZmqEngineClient:
             raise EngineError(f"model {model!r} is {state}", type="model_not_found", status=404)
         if placement.state == "reloading":
             raise WorkerDied(f"the worker holding {model!r} crashed; the model is being reloaded")
-        request_id = request_id or _new_id()
-        submit = p.Submit(request_id, model, messages, prompt_token_ids, tools, enable_thinking, dict(sampling or {}),
-                          max_tokens, list(stop), list(stop_token_ids), ignore_eos)  # fmt: skip
+        submit = p.Submit(request_id or _new_id(), model, messages, prompt_token_ids, tools, enable_thinking,
+                          dict(sampling or {}), max_tokens, list(stop), list(stop_token_ids), ignore_eos)  # fmt: skip
+        return await self.submit(placement.device, submit)
+
+    async def submit(self, device: str, submit: p.Submit) -> Generation:
+        """Sends a SUBMIT to `device`'s worker and waits for its admission (what `generate` does once it has placed
+        the request). Every refusal reaches this request, even one for a frame the worker could not read."""
+        request_id = submit.request_id
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (placement.device, queue)
+        self._streams[request_id] = (device, queue)
         try:
-            self._send(placement.device, submit)
+            self._send(device, submit)
             first = await queue.get()
         except BaseException:
             self.abort(request_id)

@@ -88,7 +88,7 @@ async def _load(
             name, info.path, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S, quantize=options.quantize,
             dtype=options.dtype or None, max_context=options.ctx_cap, max_concurrent=max_concurrent,
             queue_depth=settings.PANTHEON_QUEUE_DEPTH, queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
-            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK,
+            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK, min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
         )  # fmt: skip
     except EngineError as exc:
         raise _as_load_failure(exc) from exc
@@ -180,7 +180,7 @@ def _record_load(
             max_concurrent=loaded.max_concurrent,
             max_concurrent_configured=max_concurrent,
             context_window=loaded.context_window,
-            context_window_configured=options.ctx_cap or loaded.context_window,
+            context_window_configured=loaded.context_window_configured or options.ctx_cap or loaded.context_window,
             loaded_at=timezone.now(),
         )
     return instance.pk

@@ -71,7 +71,9 @@ def admin_model_row(
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.max_concurrent,  # what the load asked the scheduler for
         "context_window": context_window,
-        "context_window_configured": (options.ctx_cap if options and options.ctx_cap else None) or context_window,
+        "context_window_configured": (info.context_window_configured if info else None)
+        or (options.ctx_cap if options else None)
+        or context_window,
         "reasoning_budget": options.reasoning_budget if options else None,
         "quantize": options.quantize if options else placement.load.quantize,
         "loaded_at": int(served.loaded_at) if served else None,

@@ -25,6 +25,7 @@ LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
 SEED_MODULUS = 2**63  # the sampler's seeds are non-negative 63-bit integers
 MAX_DIES = 8
+MAX_CHOICES = 8  # n is capped here; the response then says n_status "capped_to_8"
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -167,6 +168,7 @@ class ChatCompletionSerializer(serializers.Serializer):
     tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     enable_thinking = serializers.BooleanField(required=False, allow_null=True, default=None)
+    n = serializers.IntegerField(required=False, allow_null=True, default=1)
 
 
 def chat_request_from(data: dict[str, Any]) -> ChatRequest:
@@ -194,6 +196,7 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
     tools = data.get("tools") or None
     if data.get("tool_choice") == "none":
         tools = None
+    n = max(1, data.get("n") or 1)
     return ChatRequest(
         model=data.get("model") or "",
         messages=[dict(m) for m in data["messages"]],
@@ -204,6 +207,8 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
         include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
         tools=tools,
         enable_thinking=data.get("enable_thinking"),
+        n=min(n, MAX_CHOICES),
+        n_status="capped_to_8" if n > MAX_CHOICES else None,
     )
 
 
@@ -220,10 +225,18 @@ class ChatRequest:
     include_usage: bool = False
     tools: list[dict[str, Any]] | None = None
     enable_thinking: bool | None = None
+    n: int = 1  # separate decodes, each a choice
+    n_status: str | None = None  # why fewer choices than asked for come back
 
     @property
     def wants_logprobs(self) -> bool:
         return bool(self.sampling.get("logprobs"))
+
+    def sampling_for_choice(self, index: int) -> dict[str, Any]:
+        """Choice `index`'s sampling: with a seed, choice i uses seed + i (so each choice differs, reproducibly)."""
+        if index == 0 or self.sampling.get("seed") is None:
+            return self.sampling
+        return {**self.sampling, "seed": (self.sampling["seed"] + index) % SEED_MODULUS}
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:

@@ -163,6 +163,12 @@ PANTHEON_QUEUE_DEPTH = _env_int("PANTHEON_QUEUE_DEPTH", 32)
 PANTHEON_QUEUE_WAIT_S = _env_float("PANTHEON_QUEUE_WAIT_S", 30.0)
 # Prompt tokens per prefill chunk, so decode steps of other requests interleave with a long prefill.
 PANTHEON_PREFILL_CHUNK = _env_int("PANTHEON_PREFILL_CHUNK", 128)
+# Below this much free device memory a new generation is refused (503 server_memory_constrained); a load keeps it
+# free too, lowering the context window when the configured one would not fit next to the weights.
+PANTHEON_MIN_FREE_MEMORY_BYTES = _env_int("PANTHEON_MIN_FREE_MEMORY_BYTES", 256 * 1024 * 1024)
+# On SIGTERM: how long generations in flight may run on (new requests get 503 server_shutting_down) before the
+# workers stop.
+PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S = _env_float("PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S", 30.0)
 # Sessions: reaped after this long idle (12 h); released this long after their last watch closes (45 s).
 PANTHEON_SESSION_IDLE_TTL_S = _env_float("PANTHEON_SESSION_IDLE_TTL_S", 12 * 3600.0)
 PANTHEON_SESSION_WATCH_GRACE_S = _env_float("PANTHEON_SESSION_WATCH_GRACE_S", 45.0)

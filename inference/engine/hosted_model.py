@@ -13,12 +13,24 @@ from typing import Any
 from . import protocol as p
 from .chat_template import ChatTemplate, TemplateError
 from .detokenizer import IncrementalDetokenizer
+from .errors import LoadError
+from .kv_budget import (
+    MIN_WINDOW,
+    configured_window,
+    effective_window,
+    element_size,
+    free_memory,
+    kv_bytes_per_token,
+    read_config,
+    weight_bytes_estimate,
+)
 from .loading import LoadedModel, load_model
 from .sampler import SamplingParams, SequenceSampling
 from .scheduler import Scheduler
 from .sequence import Sequence
 
 BUSY_RETRY_AFTER = 5.0  # seconds a client refused by a full queue is told to wait
+MEMORY_RETRY_AFTER = 5.0  # seconds a client refused under memory pressure is told to wait
 
 
 class RequestRefused(Exception):
@@ -49,8 +61,12 @@ def chat_prompt_ids(
 class HostedModel:
     """A loaded model under its served name. `unload` is the UNLOAD it drains for, `deadline` when the drain ends."""
 
-    def __init__(self, name: str, model: LoadedModel, scheduler: Scheduler):
+    def __init__(self, name: str, model: LoadedModel, scheduler: Scheduler, *, device: str = "cpu",
+                 min_free_memory: int = 0, window_configured: int = 0):  # fmt: skip
         self.name = name
+        self.device = device
+        self.min_free_memory = min_free_memory  # bytes; below this free, new requests get server_memory_constrained
+        self.window_configured = window_configured or scheduler.window
         self.model = model
         self.scheduler = scheduler
         tok = model.tokenizer
@@ -62,14 +78,22 @@ class HostedModel:
 
     @classmethod
     def load(cls, req: p.Load, device: str) -> HostedModel:
-        """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread)."""
+        """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread).
+        The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
+        a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
+        slots = max(1, req.max_concurrent)
+        config = read_config(req.path)
+        if req.max_context > config.max_context:
+            raise LoadError(req.path, f"max_context {req.max_context} exceeds the model's {config.max_context}")
+        configured = configured_window(config, req.max_context)
+        element = element_size(req.dtype, device)
+        budget = free_memory(device) - weight_bytes_estimate(config, element) - req.min_free_memory
+        window = effective_window(configured, kv_bytes_per_token(config, element), slots, budget)
+        if window < min(MIN_WINDOW, configured):
+            raise MemoryError(f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
+                              f"left after the weights and the {req.min_free_memory}-byte reserve")  # fmt: skip
         model = load_model(
-            req.path,
-            device=device,
-            dtype=req.dtype,
-            quantize=req.quantize,
-            max_slots=max(1, req.max_concurrent),
-            max_context=req.max_context or None,
+            req.path, device=device, dtype=req.dtype, quantize=req.quantize, max_slots=slots, max_context=window
         )
         scheduler = Scheduler(
             model.runner,
@@ -79,11 +103,18 @@ class HostedModel:
             queue_timeout=req.queue_timeout,
             prefill_chunk=req.prefill_chunk,
         )
-        return cls(req.name, model, scheduler)
+        return cls(req.name, model, scheduler, device=device, min_free_memory=req.min_free_memory,
+                   window_configured=configured)  # fmt: skip
 
     def admit(self, req: p.Submit) -> None:
-        """Queues the request's sequence, or raises RequestRefused (bad request, over the window, busy)."""
+        """Queues the request's sequence, or raises RequestRefused (bad request, over the window, busy, low memory)."""
         seq = self.sequence_for(req)
+        if self.min_free_memory and (free := free_memory(self.device)) < self.min_free_memory:
+            raise RequestRefused(
+                p.Error(req.request_id, "server_memory_constrained",
+                        f"{self.device} has {free} bytes free, below the {self.min_free_memory}-byte reserve", 503,
+                        retry_after=MEMORY_RETRY_AFTER)
+            )  # fmt: skip
         if self.scheduler.is_full():
             raise RequestRefused(
                 p.Error(req.request_id, "server_busy", f"model {req.model!r} is busy; retry shortly", 429,
@@ -134,7 +165,7 @@ class HostedModel:
         return p.Loaded(
             req.request_id, self.name, str(model.path), model.format, model.config.architecture, str(model.device),
             str(model.dtype).removeprefix("torch."), model.weight_bytes, self.kv_bytes, scheduler.window,
-            scheduler.max_concurrent, time.monotonic() - started,
+            scheduler.max_concurrent, time.monotonic() - started, self.window_configured,
         )  # fmt: skip
 
     def status(self) -> p.ModelStatus:

@@ -18,7 +18,12 @@ import msgpack
 
 
 class ProtocolError(ValueError):
-    """A frame that is not a message of this protocol."""
+    """A frame that is not a message of this protocol. `request_id` is the id the frame seemed to carry (its first
+    field, when that is a string), so the receiver can still fail that one request instead of leaving it waiting."""
+
+    def __init__(self, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.request_id = request_id
 
 
 # -- control plane -> worker ----------------------------------------------------------------------------------------
@@ -57,7 +62,8 @@ class Load:
 
     `max_context` 0 means the model's own window; `max_concurrent` is how many sequences decode together;
     `queue_depth` how many more may wait for a slot (0: a busy model refuses at once with server_busy);
-    `queue_timeout` how long one may wait before it is refused."""
+    `queue_timeout` how long one may wait before it is refused; `min_free_memory` the bytes of free device memory
+    below which a new generation is refused with server_memory_constrained (0: never)."""
 
     KIND: ClassVar[bytes] = b"L"
     request_id: str
@@ -70,6 +76,7 @@ class Load:
     queue_depth: int = 0
     queue_timeout: float = 30.0
     prefill_chunk: int = 128
+    min_free_memory: int = 0
 
 
 @dataclass(slots=True)
@@ -240,6 +247,7 @@ class Loaded:
     context_window: int
     max_concurrent: int
     load_seconds: float
+    context_window_configured: int = 0  # the window asked for (or the model's default); context_window is what fit
 
 
 @dataclass(slots=True)
@@ -317,9 +325,11 @@ def decode(frames: list[bytes]) -> Message:
     if len(frames) != 2 or frames[0] not in _BY_KIND:
         raise ProtocolError(f"not a protocol message: {len(frames)} frames, kind {frames[0][:1]!r}")
     cls = _BY_KIND[frames[0]]
+    values = None
     try:
         values = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)  # logit_bias maps token ids
         from_wire = getattr(cls, "from_wire", None)
         return from_wire(values) if from_wire else cls(*values)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"bad {cls.__name__} payload: {exc}") from exc
+        request_id = values[0] if isinstance(values, list) and values and isinstance(values[0], str) else None
+        raise ProtocolError(f"bad {cls.__name__} payload: {exc}", request_id) from exc

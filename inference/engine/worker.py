@@ -103,7 +103,7 @@ class Worker:
             try:
                 message = p.decode(frames)
             except p.ProtocolError as exc:
-                self.send(p.Error(None, "invalid_request_error", str(exc), status=400))
+                self.send(p.Error(exc.request_id, "invalid_request_error", str(exc), status=400))
                 continue
             try:
                 self.handle(message)

@@ -5,17 +5,24 @@ the body, route it in memory, submit to the worker, and answer from the token st
 decides at admission (busy, over the window) still has its own status; once an SSE stream has opened, an error is
 its terminal event. context_over_budget on a streaming request is sent in its stream form (a 200 stream whose
 only event is the error, with kv_used/kv_cap), as the spec describes it for streaming clients.
+
+`n` choices are n generations submitted together (see `submit_choices`). Every completion is counted in flight
+from validation to its last byte, so a graceful shutdown can refuse new ones (503 server_shutting_down) and wait
+for these.
 """
+
+import asyncio
+from collections.abc import AsyncIterator
 
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.completions import CompletionContext, complete, refused_stream, stream_chunks
-from inference.dispatcher import LOAD_POLICY_HEADER, get_dispatcher
-from inference.engine_client import EngineError
+from inference.dispatcher import LOAD_POLICY_HEADER, Dispatcher, get_dispatcher
+from inference.engine_client import EngineClient, EngineError, Generation
 from inference.engine_errors import as_api_error
 from inference.host_info import backend, build_id
 from inference.model_rows import v1_model_row
-from inference.serializers import parse_chat_request
+from inference.serializers import ChatRequest, parse_chat_request
 from inference.views.methods import only
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
@@ -42,26 +49,62 @@ async def chat_completions(request):
     await arequire_client_token(request, operation="chat_completion")
     chat = parse_chat_request(request.body)
     dispatcher = get_dispatcher()
-    allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
-    model = await dispatcher.route(chat.model, allow_load=allow_load)
-    ctx = CompletionContext(chat, model)
+    dispatcher.begin_completion()
+    streaming = False
     try:
-        generation = await dispatcher.client.generate(
-            model,
-            messages=chat.messages,
-            tools=chat.tools,
-            enable_thinking=chat.enable_thinking,
-            sampling=chat.sampling,
-            max_tokens=chat.max_tokens,
-            stop=chat.stop,
-            request_id=ctx.id,
-        )
-    except EngineError as exc:
-        error = as_api_error(exc)
-        if chat.stream and isinstance(error, ContextOverBudget):
-            return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream", headers=SSE_HEADERS)
-        raise error from exc
-    if chat.stream:
-        return StreamingHttpResponse(stream_chunks(generation, ctx), content_type="text/event-stream",
-                                     headers=SSE_HEADERS)  # fmt: skip
-    return JsonResponse(await complete(generation, ctx))
+        allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+        model = await dispatcher.route(chat.model, allow_load=allow_load)
+        ctx = CompletionContext(chat, model)
+        try:
+            generations = await submit_choices(dispatcher.client, chat, model, ctx.id)
+        except EngineError as exc:
+            error = as_api_error(exc)
+            if chat.stream and isinstance(error, ContextOverBudget):
+                return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",
+                                             headers=SSE_HEADERS)  # fmt: skip
+            raise error from exc
+        if chat.stream:
+            streaming = True
+            body = counted(dispatcher, stream_chunks(generations, ctx))
+            return StreamingHttpResponse(body, content_type="text/event-stream", headers=SSE_HEADERS)
+        return JsonResponse(await complete(generations, ctx))
+    finally:
+        if not streaming:
+            dispatcher.end_completion()
+
+
+async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, completion_id: str) -> list[Generation]:
+    """Submits one generation per choice, all at once (they decode side by side), and waits for their admission.
+    If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all."""
+    results = await asyncio.gather(
+        *(
+            client.generate(
+                model,
+                messages=chat.messages,
+                tools=chat.tools,
+                enable_thinking=chat.enable_thinking,
+                sampling=chat.sampling_for_choice(i),
+                max_tokens=chat.max_tokens,
+                stop=chat.stop,
+                request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
+            )  # fmt: skip
+            for i in range(chat.n)
+        ),
+        return_exceptions=True,
+    )
+    failures = [r for r in results if isinstance(r, BaseException)]
+    if failures:
+        for generation in results:
+            if isinstance(generation, Generation):
+                generation.abort()
+        raise failures[0]
+    return list(results)
+
+
+async def counted(dispatcher: Dispatcher, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks`, counted as a completion in flight until the stream ends (however it ends)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        dispatcher.end_completion()

@@ -3,15 +3,21 @@
 Daphne runs Twisted on an asyncio event loop; the worker supervisor, the engine client and every async view share
 that one loop, so a route awaits worker replies without a thread. Order: migrate, start the workers (before
 listening, so the first request finds them), listen, write the run file (`manage.py load_model` finds the server
-through it), then load the catalogue's autoload models in the background. Ctrl-C or SIGTERM stops daphne (its
-open requests are cancelled, which aborts their generations), then the workers, and removes the run file.
+through it), then load the catalogue's autoload models in the background.
+
+Ctrl-C or SIGTERM shuts down gracefully: new completions get 503 server_shutting_down (Retry-After: 1) while the
+ones in flight run to their end, for up to PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S; then daphne stops (requests still
+open are cancelled, which aborts their generations), then the workers, and the run file is removed. A second
+signal skips the wait.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
@@ -65,11 +71,23 @@ class Command(PantheonCommand):
         server = Server(
             application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
-            signal_handlers=True,
+            signal_handlers=False,  # ours below: drain first
             ready_callable=ready,
             verbosity=0,
         )
         reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
+
+        def shut_down() -> None:
+            if plane.dispatcher.shutting_down:  # a second signal: stop now
+                server.stop()
+                return
+            self.stdout.write("Shutting down: finishing the generations in flight...")
+            self.stdout.flush()
+            drain = loop.create_task(plane.drain(settings.PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S), name="drain")
+            drain.add_done_callback(lambda _: server.stop())
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, shut_down)
         try:
             server.run()
         finally:

@@ -1,0 +1,82 @@
+"""How long a context window fits in memory, decided before a model's KV cache is allocated.
+
+The KV cache is preallocated: `slots x window` positions of keys and values for every layer. A window asked for
+(or the model's default) that would not fit next to the weights in the device's free memory is lowered to the
+longest one that does, so a load succeeds with a shorter window rather than failing or swapping; the served
+`context_window` (and every completion's `usage.kv_cap`) is that effective window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import psutil
+import torch
+
+from .config import ModelConfig
+from .errors import LoadError
+from .gguf_config import config_from_gguf
+from .loader_gguf import _open as open_gguf  # the loader's own checks and messages for a bad file
+from .loading import DEFAULT_MAX_CONTEXT, DTYPES
+from .model import expected_hf_shapes
+
+MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fails instead
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """A checkpoint's config, without reading its weights."""
+    path = Path(path)
+    if path.is_dir():
+        file = path / "config.json"
+        if not file.is_file():
+            raise LoadError(file, "file not found")
+        try:
+            raw = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise LoadError(file, f"not valid JSON: {exc}") from exc
+        return ModelConfig.from_hf_dict(raw, file)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return config_from_gguf(open_gguf(path), path, None)  # rope_freqs only refine RoPE: not needed here
+    if path.exists():
+        raise LoadError(path, "not a Hugging Face checkpoint directory or a .gguf file")
+    raise LoadError(path, "no such file or directory")
+
+
+def free_memory(device: str) -> int:
+    """Bytes of the device's memory available to a new allocation (host RAM for cpu)."""
+    if device.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return free
+    return psutil.virtual_memory().available
+
+
+def element_size(dtype: str | None, device: str) -> int:
+    if dtype:
+        return DTYPES[dtype].itemsize
+    return 4 if device == "cpu" else 2  # load_model's defaults: float32 on CPU, bfloat16 on CUDA
+
+
+def kv_bytes_per_token(config: ModelConfig, element_bytes: int) -> int:
+    """Keys plus values of one position in every layer."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
+
+
+def weight_bytes_estimate(config: ModelConfig, element_bytes: int) -> int:
+    """The weights at `element_bytes` per parameter (an int8 load takes less, so this errs on the safe side). A tied
+    output head is counted again: the engine keeps its own copy of it for the final matmul."""
+    params = sum(math.prod(shape) for shape in expected_hf_shapes(config).values())
+    if config.tie_word_embeddings:
+        params += config.vocab_size * config.hidden_size
+    return params * element_bytes
+
+
+def configured_window(config: ModelConfig, requested: int) -> int:
+    """The window a load asks for: `requested`, or (0) the model's own limit capped at DEFAULT_MAX_CONTEXT."""
+    return requested or min(config.max_context, DEFAULT_MAX_CONTEXT)
+
+
+def effective_window(configured: int, per_token: int, slots: int, budget: int) -> int:
+    """The longest window up to `configured` whose KV for `slots` sequences fits in `budget` bytes."""
+    return max(0, min(configured, budget // max(1, per_token * slots)))
