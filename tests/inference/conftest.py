@@ -8,11 +8,12 @@ access through `serving_db`, which flushes once more when the module's servers h
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from django.core.management import call_command
 
 from pantheon_site.tokens import do_create_token
-from tests.inference.serving import PantheonServer, serving_env
+from tests.inference.serving import PantheonServer, bearer, serving_env
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +51,18 @@ def operator_token(transactional_db) -> str:
 @pytest.fixture
 def client_token(transactional_db) -> str:
     return do_create_token("client", "app")[1]
+
+
+@pytest.fixture(scope="module")
+def server(start_server) -> PantheonServer:
+    """The module's server with the default settings (a module may override this fixture)."""
+    return start_server()
+
+
+@pytest.fixture
+def api(server, operator_token):
+    """An operator's client of the module's server; unloads whatever the test left loaded."""
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as client:
+        yield client
+        for row in client.get("/admin/models").json()["data"]:
+            client.post("/admin/models/unload", json={"name": row["id"]})

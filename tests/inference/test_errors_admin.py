@@ -17,19 +17,6 @@ ADMIN_ROUTES = [("GET", "/admin/models"), ("POST", "/admin/models/load"), ("POST
                 ("GET", "/admin/dies")]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(start_server):
-    return start_server()
-
-
-@pytest.fixture
-def api(server, operator_token):
-    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as client:
-        yield client
-        for row in client.get("/admin/models").json()["data"]:
-            client.post("/admin/models/unload", json={"name": row["id"]})
-
-
 @pytest.fixture
 def stories(api, stories_hf_dir):
     """stories260K loaded as "stories" through the API."""

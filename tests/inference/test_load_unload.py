@@ -21,19 +21,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LONG_STREAM = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def server(start_server):
-    return start_server()
-
-
-@pytest.fixture
-def api(server, operator_token):
-    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as client:
-        yield client
-        for row in client.get("/admin/models").json()["data"]:
-            client.post("/admin/models/unload", json={"name": row["id"]})
-
-
 def served(api):
     return [m["id"] for m in api.get("/v1/models").json()["data"]]
 

@@ -19,11 +19,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LONG_STREAM = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def server(start_server):
-    return start_server()
-
-
 @pytest.fixture
 def api(server, operator_token, stories_hf_dir):
     """A client of the server, with stories260K served as "stories" (loaded unless a test before left it loaded)."""
