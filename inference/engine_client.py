@@ -10,7 +10,7 @@ refusal (context_over_budget, server_busy, ...) so a route can still choose its 
 yields TOKENS (token ids, text piece, logprobs) and ends with FINISHED (finish_reason, usage).
 
 A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers
-reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient` for
+reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient` (in_process_client.py) for
 the worker threads it runs.
 """
 
@@ -21,7 +21,6 @@ import contextlib
 import logging
 import shutil
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -478,45 +477,6 @@ class ZmqEngineClient:
         for future in self._ready_waiters.pop(ready.device, []):
             if not future.done():
                 future.set_result(link)
-
-
-class InProcessEngineClient(ZmqEngineClient):
-    """The same client with its workers running the same loop in threads of this process, over inproc://, for
-    tests that need no process. A worker thread that crashes is reported as lost like a dead process."""
-
-    def __init__(self, devices: Iterable[str] = ("cpu",)):
-        self._sync_context = zmq.Context()
-        super().__init__(f"inproc://pantheon-workers-{uuid.uuid4().hex}",
-                         context=zmq.asyncio.Context.shadow(self._sync_context.underlying))  # fmt: skip
-        self.devices = list(devices)
-        self._threads: list[threading.Thread] = []
-
-    async def start(self) -> None:
-        from inference.engine.worker import serve  # torch is imported only by clients that run workers here
-
-        await super().start()
-        loop = asyncio.get_running_loop()
-        for device in self.devices:
-
-            def run(device: str = device) -> None:
-                try:
-                    serve(self.endpoint, device, f"{device}/thread", context=self._sync_context)
-                except BaseException as exc:
-                    logger.exception("worker thread for %s crashed", device)
-                    loop.call_soon_threadsafe(self.worker_lost, device, f"{type(exc).__name__}: {exc}")
-
-            thread = threading.Thread(target=run, name=f"worker-{device}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        await asyncio.wait_for(asyncio.gather(*(self.wait_for_worker(d) for d in self.devices)), 60)
-
-    async def close(self) -> None:
-        for device in list(self._workers):
-            self._send(device, p.Shutdown())
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join, 10)
-        await super().close()
-        self._sync_context.term()
 
 
 _installed: EngineClient | None = None

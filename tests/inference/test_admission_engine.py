@@ -19,7 +19,8 @@ from inference.engine.kv_budget import (
     weight_bytes_estimate,
 )
 from inference.engine.loading import load_model
-from inference.engine_client import EngineError, InProcessEngineClient
+from inference.engine_client import EngineError
+from inference.in_process_client import InProcessEngineClient
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
