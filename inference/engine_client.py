@@ -10,8 +10,8 @@ refusal (context_over_budget, server_busy, ...) so a route can still choose its 
 yields TOKENS (token ids, text piece, logprobs) and ends with FINISHED (finish_reason, usage).
 
 A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers
-reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient` (in_process_client.py) for
-the worker threads it runs.
+reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient`
+(in_process_client.py) for the worker threads it runs.
 """
 
 from __future__ import annotations

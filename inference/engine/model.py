@@ -33,6 +33,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim] -> [..., dim]
+        if x.dtype == torch.float32 and self.weight.dim() == 1:  # the arithmetic below in one call: ~25% faster
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
 
 
@@ -70,14 +72,17 @@ def rope_tables(config: ModelConfig, max_context: int, device: torch.device) -> 
     return torch.cat((angles, angles), dim=-1).cos().to(device), torch.cat((-sin, sin), dim=-1).to(device)
 
 
-class TransposedLinear(nn.Module):
-    """A CPU linear layer that keeps its weight as [in, out] and computes `x @ weight_t`.
+# The batch size oneDNN is told to expect when it reorders a weight. The reordered weight serves any batch size with
+# the same per-row arithmetic (a row's output does not depend on its batch-mates); 8 is where serving batches live.
+PACK_BATCH_HINT = 8
+# Smaller weights stay plain: they sit in cache, where re-packing is cheap, and the oneDNN call's fixed cost (tens of
+# microseconds through torch.ops) would dominate a tiny model's step.
+PACK_MIN_ELEMENTS = 1 << 18
 
-    MKL is faster with this layout than with nn.Linear's [out, in]. Measured decoding a 12-layer, hidden-768 float32
-    model on this project's 2-core AVX-512 machine (ms per step, same process, interleaved): batch 1 21.6 vs 26.2,
-    batch 8 41 vs 51; a 128-token prefill 115 vs 138 ms. oneDNN-packed weights (`mkldnn._linear_pointwise`) matched
-    it at batch 8 but lost at batch 1 (31.6 ms): about 20 us of fixed cost per call.
-    """
+
+class TransposedLinear(nn.Module):
+    """A CPU linear layer that keeps its weight as [in, out] and computes `x @ weight_t`: for small weights MKL is
+    faster with this layout than with nn.Linear's [out, in] (and than a oneDNN call, see PackedLinear)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -90,12 +95,40 @@ class TransposedLinear(nn.Module):
         return out if self.bias is None else out.add_(self.bias)
 
 
-def transpose_linears(model: nn.Module) -> nn.Module:
-    """Replaces every nn.Linear in place with a TransposedLinear."""
+class PackedLinear(nn.Module):
+    """A CPU float32 linear layer whose weight oneDNN reordered once, at load, into its own blocked layout.
+
+    MKL's plain sgemm re-packs the weight on every call, which for a few rows (decode batches) costs more than the
+    arithmetic. Measured on this project's 2-core AVX-512 machine, one thread, the 12 layers' matmuls of the
+    hidden-768 85M model (ms per step, batch 1 / 8 / 32): `x @ W` with W [in, out] 27 / 72 / 96, nn.Linear's
+    layout 30 / 73 / 89, this 33 / 42 / 72. A batch of 8 costs 1.3x one row instead of 2.7x, which is what
+    continuous batching is for; the price is ~20% at batch 1. Each row's result is bitwise the same whatever else
+    shares its batch. The reordered weight is opaque (no storage), so `weight_nbytes` reports its size.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach()
+        self.weight_packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+        self.bias = linear.bias
+        self.weight_nbytes = weight.numel() * weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        return _linear_pointwise(x, self.weight_packed, self.bias, "none", [], "")
+
+
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise.default  # the overload itself: no per-call resolution
+
+
+def cpu_linears(model: nn.Module, *, pack: bool) -> nn.Module:
+    """Replaces every nn.Linear in place: large ones with a PackedLinear when `pack`, the rest with a
+    TransposedLinear."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, TransposedLinear(child))
+                packed = pack and child.weight.numel() >= PACK_MIN_ELEMENTS
+                setattr(parent, name, PackedLinear(child) if packed else TransposedLinear(child))
     return model
 
 
@@ -117,10 +150,10 @@ class Attention(nn.Module):
         # x: [B, S, D]; cos, sin_signed: [B, S, 1, hd] -> [B, S, D]
         batch, seq, _ = x.shape
         qkv = self.wqkv(x).view(batch, seq, -1, self.head_dim)  # [B, S, H + 2 Hkv, hd]
-        qk, v = qkv.split((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=2)
+        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=2)
         if self.qk_norm is not None:
             qk = self.qk_norm(qk)
-        q, k = rotate_half(qk, cos, sin_signed).split((self.num_heads, self.num_kv_heads), dim=2)
+        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=2)
         keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
         if seq == 1 and self.num_heads != self.num_kv_heads:
             # decode: each kv head's group of query heads attends as if it were that many query positions, so the
@@ -191,7 +224,8 @@ class Transformer(nn.Module):
         quantize: bool = False,
     ) -> Transformer:
         """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
-        max_context. The linear layers become int8 with `quantize`, else on CPU they keep their weights transposed."""
+        max_context. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
+        weights and the others are kept transposed."""
         with torch.device("meta"):
             model = cls(config)
         converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
@@ -207,19 +241,29 @@ class Transformer(nn.Module):
         if quantize:
             quantize_linears(model)
         elif torch.device(device).type == "cpu":
-            transpose_linears(model)
+            cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
         return model
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache, view: CacheView, *, last_only: bool = False
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        view: CacheView,
+        *,
+        last_only: bool = False,
+        last_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # tokens: [B, S] -> logits: [B, S, V] ([B, 1, V] with last_only), in the model's dtype
+        """Logits of every position, of the last one (`last_only`), or of position `last_index[b]` of each row b
+        (rows padded at the end, see ModelRunner.prefill_batch)."""
+        # tokens: [B, S]; last_index: [B] long -> logits: [B, S, V] ([B, 1, V] with last_only or last_index)
         x = self.embed(tokens)
         cos = self.rope_cos[view.positions].to(x.dtype).unsqueeze(2)  # [B, S, 1, hd]
         sin_signed = self.rope_sin_signed[view.positions].to(x.dtype).unsqueeze(2)
         for block in self.layers:
             x = block(x, cos, sin_signed, cache, view)
-        if last_only:
+        if last_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
+        elif last_only:
             x = x[:, -1:]
         return self.lm_head(self.norm(x))
 

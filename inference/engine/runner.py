@@ -59,6 +59,27 @@ class ModelRunner:
         return logits[0].float() if all_logits else logits[0, -1].float()
 
     @torch.inference_mode()
+    def prefill_batch(self, slots: list[int], token_ids: list[list[int]]) -> torch.Tensor:
+        """Appends each `token_ids[i]` to `slots[i]`'s KV in one forward pass; float32 logits of each one's last
+        position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little
+        more than the longest of them.
+
+        Shorter lists are padded at their end to the longest. The padding's keys and values land past their slot's
+        length, where no real token attends (the causal mask) and the slot's next tokens overwrite them. Every slot
+        must have room for the longest list, or the call raises ContextOverflow before writing anything.
+        """
+        if len(slots) != len(token_ids) or not all(token_ids):
+            raise ValueError("prefill_batch needs one non-empty token list per slot")
+        width = max(len(ids) for ids in token_ids)
+        view = self.cache.view(slots, width)
+        tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
+        last = torch.tensor([len(ids) - 1 for ids in token_ids], device=self.device)
+        logits = self.model(tokens, self.cache, view, last_index=last)  # [B, 1, V]
+        for slot, ids in zip(slots, token_ids, strict=True):
+            self.cache.advance([slot], len(ids))
+        return logits[:, 0].float()
+
+    @torch.inference_mode()
     def decode(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
         """One token per slot, each appended at its slot's own length; float32 logits [B, V]."""
         if len(slots) != len(token_ids) or not slots:

@@ -1,11 +1,12 @@
 """The per-model scheduler: which sequences run, and one engine step for all of them.
 
 Sequences wait in a FIFO queue until a decode slot is free, then run until they finish or are aborted. Each step
-is planned by `schedule()` (nano-vllm style): at most one prefill chunk (of the oldest running sequence whose
-prompt is not in the KV yet) plus one batched decode of every sequence that has a token to feed. `step()` runs the
-plan and makes a single sampler call for all rows that produced logits; `postprocess()` appends the tokens. A long
-prompt therefore stalls running decoders by at most one chunk per step, and a sequence joins or leaves the batch
-at any step. `pause()` stops admitting at a step boundary; running sequences finish first.
+is planned by `schedule()` (nano-vllm style): at most one chunk's worth of prompt tokens (`prefill_chunk`, taken
+from the oldest running sequences whose prompt is not in the KV yet) plus one batched decode of every sequence that
+has a token to feed. `step()` runs the plan and makes a single sampler call for all rows that produced logits;
+`postprocess()` appends the tokens. A long prompt therefore stalls running decoders by at most one chunk per step,
+and a sequence joins or leaves the batch at any step. `pause()` stops admitting at a step boundary; running
+sequences finish first.
 
 The scheduler speaks the worker protocol's output messages (STARTED, TOKENS, FINISHED, ERROR), so the worker only
 has to send what a step returns.
@@ -31,11 +32,11 @@ QUEUE_RETRY_AFTER = 2.0  # seconds a client refused after a queue wait is told t
 
 @dataclass(slots=True)
 class StepPlan:
-    """One step's work: sequences admitted to a slot, at most one prefill chunk, and the batch to decode."""
+    """One step's work: sequences admitted to a slot, prefill chunks (`prefill_chunk` tokens in all), and the batch
+    to decode."""
 
     admitted: list[Sequence]
-    prefill: Sequence | None
-    chunk: list[int]
+    prefills: list[tuple[Sequence, list[int]]]  # (sequence, its next prompt tokens), oldest first
     decode: list[Sequence]
 
 
@@ -114,17 +115,25 @@ class Scheduler:
         self.paused = False
 
     def schedule(self) -> StepPlan:
-        """What the next step runs: admit waiting sequences to free decode slots (unless paused), then take the next
-        chunk of the oldest running sequence still prefilling, and every running sequence that has a token to feed."""
+        """What the next step runs: admit waiting sequences to free decode slots (unless paused), then the next chunks
+        of the oldest running sequences still prefilling, `prefill_chunk` tokens in all (several short prompts share
+        a step, so a burst of arrivals gets its first tokens sooner while decoders still wait at most one chunk), and
+        every running sequence that has a token to feed."""
         admitted = []
         while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
             seq = self.waiting.popleft()
             seq.slot = self.runner.allocate_slot()
             self.running.append(seq)
             admitted.append(seq)
-        prefill = next((s for s in self.running if not s.prefill_done), None)
-        chunk = prefill.next_chunk(self.prefill_chunk) if prefill else []
-        return StepPlan(admitted, prefill, chunk, [s for s in self.running if s.output_ids])
+        prefills, budget = [], self.prefill_chunk
+        for seq in self.running:
+            if budget == 0:
+                break
+            if not seq.prefill_done:
+                chunk = seq.next_chunk(budget)
+                prefills.append((seq, chunk))
+                budget -= len(chunk)
+        return StepPlan(admitted, prefills, [s for s in self.running if s.output_ids])
 
     def step(self) -> list[Message]:
         """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
@@ -134,12 +143,13 @@ class Scheduler:
         ]
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
-        if plan.prefill is not None:
-            last = self.runner.prefill(plan.prefill.slot, plan.chunk)  # [V]
-            plan.prefill.num_prefilled += len(plan.chunk)
-            if plan.prefill.prefill_done:
-                rows.append(plan.prefill)
-                logits.append(last[None])
+        if plan.prefills:
+            last = self._prefill(plan.prefills)  # [P, V]
+            for i, (seq, chunk) in enumerate(plan.prefills):
+                seq.num_prefilled += len(chunk)
+                if seq.prefill_done:
+                    rows.append(seq)
+                    logits.append(last[i : i + 1])
         if plan.decode:
             rows += plan.decode
             logits.append(self.runner.decode([s.slot for s in plan.decode], [s.last_token for s in plan.decode]))
@@ -147,6 +157,18 @@ class Scheduler:
             sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])  # logits: [B, V]
             out += self.postprocess(rows, sampled)
         return out
+
+    def _prefill(self, prefills: list[tuple[Sequence, list[int]]]) -> torch.Tensor:
+        """Runs the step's prefill chunks, as one batch when padding them to the longest at most doubles the work
+        and every slot has room for the padding, else one after another. Returns each chunk's last logits [P, V]."""
+        if len(prefills) == 1:
+            seq, chunk = prefills[0]
+            return self.runner.prefill(seq.slot, chunk)[None]
+        width = max(len(chunk) for _, chunk in prefills)
+        cheap = len(prefills) * width <= 2 * sum(len(chunk) for _, chunk in prefills)
+        if cheap and all(self.runner.slot_length(seq.slot) + width <= self.window for seq, _ in prefills):
+            return self.runner.prefill_batch([seq.slot for seq, _ in prefills], [chunk for _, chunk in prefills])
+        return torch.stack([self.runner.prefill(seq.slot, chunk) for seq, chunk in prefills])
 
     def expire_waiting(self) -> list[Message]:
         """Refuses (server_busy) the waiting sequences that waited longer than `queue_timeout`; runs even while
