@@ -18,7 +18,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from inference.engine_client import EngineClient, ModelPlacement
@@ -42,14 +42,7 @@ class LoadOptions:
     dtype: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ctx_cap": self.ctx_cap,
-            "max_sessions": self.max_sessions,
-            "max_concurrent": self.max_concurrent,
-            "reasoning_budget": self.reasoning_budget,
-            "quantize": self.quantize,
-            "dtype": self.dtype,
-        }
+        return asdict(self)
 
 
 @dataclass(slots=True)
