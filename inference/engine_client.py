@@ -432,9 +432,16 @@ class ZmqEngineClient:
         while True:
             identity, *frames = await self._socket.recv_multipart()
             try:
-                self._dispatch(identity, p.decode(frames))
+                message = p.decode(frames)
             except Exception:  # one bad message must not stop every stream
                 logger.exception("dropped a message from worker %r", identity)
+                continue
+            # A worker step's outputs come as one message: handle each as if it had come alone.
+            for each in message.messages if isinstance(message, p.StepOutputs) else (message,):
+                try:
+                    self._dispatch(identity, each)
+                except Exception:
+                    logger.exception("dropped a message from worker %r", identity)
 
     def _dispatch(self, identity: bytes, message: p.Message) -> None:
         if isinstance(message, p.Ready):

@@ -1,10 +1,10 @@
 """The worker: a long-lived process per device that hosts models and runs their schedulers.
 
 The control plane sends requests over one ZMQ DEALER socket (see protocol.py); the loop below polls them, steps
-every model's scheduler once, and sends what the steps produced. It blocks on the socket only when no model has
-work. Loading runs in a background thread, so a model that loads for a minute does not stall the others, and
-heartbeats keep flowing. What a hosted model does with a request (templating, tokenizing, admission) is in
-hosted_model.py.
+every model's scheduler once, and sends what the steps produced as one STEP_OUTPUTS message. It blocks on the socket
+only when no model has work. Loading runs in a background thread, so a model that loads for a minute does not stall
+the others, and heartbeats keep flowing. What a hosted model does with a request (templating, tokenizing, admission)
+is in hosted_model.py.
 
 Run as `python -m inference.engine.worker --endpoint ENDPOINT --device cpu|cuda:N --identity ID`; the supervisor does.
 """
@@ -82,10 +82,11 @@ class Worker:
             for hosted in list(self.models.values()):
                 if hosted.scheduler.has_work:
                     outputs += self.step(hosted)
-            # 3) send outputs
-            for message in outputs:
-                self.forget_finished(message)
-                self.send(message)
+            # 3) send the step's outputs, all in one message
+            if outputs:
+                for message in outputs:
+                    self.forget_finished(message)
+                self.send(p.StepOutputs(outputs))
             # 4) housekeeping: finished loads, drains, pauses, queue timeouts, heartbeats
             self.housekeeping()
         self.shut_down()

@@ -32,6 +32,10 @@ MESSAGES = [
     p.Status("c3", "cpu", 123, 1000, 500, [p.ModelStatus("m", "/x", "ready", 1, 2, 0, 4, 0, 3, 4, 2048)]),
     p.Paused("c4"),
     p.Resumed("c5"),
+    p.StepOutputs([p.Started("r2", 3, 0, 4096), p.Tokens("r2", [5], "x"),
+                   p.Tokens("r1", [7], "é", [p.TokenLogprob(7, b"\xc3\xa9", -0.5, [p.TopLogprob(7, b"\xc3", -1.5)])]),
+                   p.Finished("r1", "stop", 12, 10, 0, 22, 4096), p.Error("r3", "server_error", "boom", 500)]),
+    p.StepOutputs([]),
 ]  # fmt: skip
 
 
@@ -55,8 +59,21 @@ def test_kinds_are_distinct():
         [b"A", b"\xc1"],  # not msgpack
         [b"A", msgpack.packb(["r1", "extra", "fields"])],  # wrong arity
         [b"S", msgpack.packb(7)],  # not an array
+        [b"b", msgpack.packb([ord("S"), ["r1", "m"]])],  # a step carries only its generations' outputs
+        [b"b", msgpack.packb([ord("b"), []])],  # no step inside a step
+        [b"b", msgpack.packb([ord("t"), ["r1", [7]]])],  # an inner message of the wrong arity
+        [b"b", msgpack.packb([ord("t")])],  # a kind without its fields
     ],
 )
 def test_anything_else_is_a_protocol_error(frames):
     with pytest.raises(p.ProtocolError):
         p.decode(frames)
+
+
+def test_a_step_is_one_message_as_compact_as_its_parts():
+    """Eight streams' tokens of one step travel as one message, in order, in the bytes of eight messages alone."""
+    tokens = [p.Tokens(f"{i:032x}", [100 + i], " word") for i in range(8)]
+    frames = p.encode(p.StepOutputs(tokens))
+    assert len(frames) == 2 and p.decode(frames).messages == tokens
+    alone = sum(len(f) for t in tokens for f in p.encode(t))
+    assert len(frames[1]) <= alone + 3  # + the one array header
