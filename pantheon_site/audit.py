@@ -82,6 +82,12 @@ async def arecord_audit_event(operation: str, outcome: str, **fields) -> AuditEv
     return event
 
 
+def _request_event(request, token, error, started, model, details) -> tuple[str, dict]:
+    """The outcome and fields of a route call's event: refused when `error` is given, else accepted."""
+    outcome = Outcome.REFUSED if error is not None else Outcome.ACCEPTED
+    return outcome, {"model": model, "details": details, **_request_fields(request, token, error, started)}
+
+
 def _request_fields(request, token: AccessToken | None, error: PantheonError | None, started: float | None) -> dict:
     return {
         "actor_kind": "token" if token is not None else "anonymous",
@@ -107,9 +113,8 @@ def audit_request(
 
     `started` is a time.monotonic() taken when the call began; the event then records its duration.
     """
-    outcome = Outcome.REFUSED if error is not None else Outcome.ACCEPTED
-    fields = _request_fields(request, token, error, started)
-    return record_audit_event(operation, outcome, model=model, details=details, **fields)
+    outcome, fields = _request_event(request, token, error, started, model, details)
+    return record_audit_event(operation, outcome, **fields)
 
 
 async def aaudit_request(
@@ -123,6 +128,5 @@ async def aaudit_request(
     details: dict | None = None,
 ) -> AuditEvent:
     """audit_request for async views."""
-    outcome = Outcome.REFUSED if error is not None else Outcome.ACCEPTED
-    fields = _request_fields(request, token, error, started)
-    return await arecord_audit_event(operation, outcome, model=model, details=details, **fields)
+    outcome, fields = _request_event(request, token, error, started, model, details)
+    return await arecord_audit_event(operation, outcome, **fields)

@@ -8,7 +8,6 @@ longest one that does, so a load succeeds with a shorter window rather than fail
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -16,10 +15,9 @@ import psutil
 import torch
 
 from .config import ModelConfig
-from .errors import LoadError
-from .gguf_config import config_from_gguf
-from .loader_gguf import _open as open_gguf  # the loader's own checks and messages for a bad file
-from .loading import DEFAULT_MAX_CONTEXT, DTYPES
+from .loader_gguf import read_gguf_config
+from .loader_hf import read_hf_config
+from .loading import DEFAULT_MAX_CONTEXT, DTYPES, checkpoint_format
 from .model import expected_hf_shapes
 
 MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fails instead
@@ -28,20 +26,7 @@ MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fail
 def read_config(path: str | Path) -> ModelConfig:
     """A checkpoint's config, without reading its weights."""
     path = Path(path)
-    if path.is_dir():
-        file = path / "config.json"
-        if not file.is_file():
-            raise LoadError(file, "file not found")
-        try:
-            raw = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise LoadError(file, f"not valid JSON: {exc}") from exc
-        return ModelConfig.from_hf_dict(raw, file)
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return config_from_gguf(open_gguf(path), path, None)  # rope_freqs only refine RoPE: not needed here
-    if path.exists():
-        raise LoadError(path, "not a Hugging Face checkpoint directory or a .gguf file")
-    raise LoadError(path, "no such file or directory")
+    return read_hf_config(path) if checkpoint_format(path) == "hf" else read_gguf_config(path)
 
 
 def free_memory(device: str) -> int:

@@ -80,6 +80,12 @@ def read_gguf(path: str | Path) -> GGUFCheckpoint:
     return GGUFCheckpoint(config=config, tensors=tensors, reader=reader)
 
 
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The file's metadata as a ModelConfig, without decoding any tensor (rope_freqs only refine RoPE tables)."""
+    path = Path(path)
+    return config_from_gguf(_open(path), path, None)
+
+
 def hf_name_of(gguf_name: str) -> str | None:
     """The Hugging Face name of a GGUF tensor name, or None for a tensor the engine's model does not have."""
     if gguf_name in _TOP_LEVEL_NAMES:

@@ -26,9 +26,15 @@ class HFCheckpoint:
     generation_eos_ids: list[int]  # generation_config.json's eos_token_id(s); [] without that file
 
 
+def read_hf_config(path: str | Path) -> ModelConfig:
+    """The checkpoint directory's config.json as a ModelConfig, without reading any weights."""
+    file = Path(path) / "config.json"
+    return ModelConfig.from_hf_dict(_read_json(file), file)
+
+
 def read_hf_dir(path: str | Path) -> HFCheckpoint:
     root = Path(path)
-    config = ModelConfig.from_hf_dict(_read_json(root / "config.json"), root / "config.json")
+    config = read_hf_config(root)
     expected = expected_hf_shapes(config)
     files = _tensor_files(root, expected)
     tensors: dict[str, torch.Tensor] = {}

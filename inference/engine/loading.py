@@ -51,18 +51,15 @@ def load_model(
     path = Path(path)
     device = torch.device(device)
     dtype = _resolve_dtype(dtype, device)
-    if path.is_dir():
+    fmt = checkpoint_format(path)
+    if fmt == "hf":
         checkpoint = read_hf_dir(path)
-        config, tensors, extra_eos, fmt = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids, "hf"
+        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
         tokenizer = Tokenizer.from_hf_dir(path)
-    elif path.is_file() and path.suffix.lower() == ".gguf":
-        checkpoint = read_gguf(path)
-        config, tensors, extra_eos, fmt = checkpoint.config, checkpoint.tensors, [], "gguf"
-        tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
-    elif path.exists():
-        raise LoadError(path, "not a Hugging Face checkpoint directory or a .gguf file")
     else:
-        raise LoadError(path, "no such file or directory")
+        checkpoint = read_gguf(path)
+        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
+        tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
 
     context = max_context or min(config.max_context, DEFAULT_MAX_CONTEXT)
     if context > config.max_context:
@@ -85,6 +82,17 @@ def load_model(
         device=device,
         weight_bytes=weight_bytes(model),
     )
+
+
+def checkpoint_format(path: Path) -> str:
+    """ "hf" for a checkpoint directory, "gguf" for a .gguf file; LoadError for anything else."""
+    if path.is_dir():
+        return "hf"
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return "gguf"
+    if path.exists():
+        raise LoadError(path, "not a Hugging Face checkpoint directory or a .gguf file")
+    raise LoadError(path, "no such file or directory")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
