@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from random_model import write_random_llama  # noqa: E402
 
-from inference.engine.loading import load_model  # noqa: E402
+from inference.engine.loaders.loading import load_model  # noqa: E402
 
 PROMPT_TOKENS = 128
 DECODE_STEPS = 64

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from inference.views import admin, health, openai
+from inference.api import admin, health, openai
 
 urlpatterns = [
     path("", health.health),

@@ -15,10 +15,10 @@ import json
 import sys
 import time
 
-from . import protocol as p
-from .demo_model import write_demo_model
-from .errors import LoadError
-from .hosted_model import HostedModel, RequestRefused
+from inference.engine.contract import messages as p
+from inference.engine.demo_model import write_demo_model
+from inference.engine.errors import LoadError
+from inference.engine.hosted_model import HostedModel, RequestRefused
 
 
 def generate(args: argparse.Namespace) -> dict:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from . import protocol as p
-from .chat_template import ChatTemplate, TemplateError
-from .detokenizer import IncrementalDetokenizer
-from .errors import LoadError
-from .kv_budget import (
+from inference.engine.contract import messages as p
+from inference.engine.errors import LoadError
+from inference.engine.kv_budget import (
     MIN_WINDOW,
     configured_window,
     effective_window,
@@ -24,10 +22,12 @@ from .kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from .loading import LoadedModel, load_model
-from .sampler import SamplingParams, SequenceSampling
-from .scheduler import Scheduler
-from .sequence import Sequence
+from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.sampler import SamplingParams, SequenceSampling
+from inference.engine.scheduler import Scheduler
+from inference.engine.sequence import Sequence
+from inference.engine.text.chat_template import ChatTemplate, TemplateError
+from inference.engine.text.detokenizer import IncrementalDetokenizer
 
 BUSY_RETRY_AFTER = 5.0  # seconds a client refused by a full queue is told to wait
 MEMORY_RETRY_AFTER = 5.0  # seconds a client refused under memory pressure is told to wait

@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import torch
 
-from .config import ModelConfig
-from .loader_gguf import read_gguf_config
-from .loader_hf import read_hf_config
-from .loading import DEFAULT_MAX_CONTEXT, DTYPES, checkpoint_format
-from .model import expected_hf_shapes
+from inference.engine.loaders.gguf import read_gguf_config
+from inference.engine.loaders.hf import read_hf_config
+from inference.engine.loaders.loading import DEFAULT_MAX_CONTEXT, DTYPES, checkpoint_format
+from inference.engine.model.config import ModelConfig
+from inference.engine.model.transformer import expected_hf_shapes
 
 MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fails instead
 

@@ -27,7 +27,7 @@ from itertools import chain, repeat
 
 import torch
 
-from .token_draw import HEAD_LIMIT, DrawParams, draw_from_head, draw_from_vocab
+from inference.engine.token_draw import HEAD_LIMIT, DrawParams, draw_from_head, draw_from_vocab
 
 BAN_BIAS = -100.0  # a logit_bias at or below this bans the token outright
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .protocol import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
-from .runner import ModelRunner
-from .sampler import SampledTokens, TokenLogprobs, sample_batch
-from .sequence import Sequence
-from .tokenizer import Tokenizer
+from inference.engine.contract.messages import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
+from inference.engine.model.runner import ModelRunner
+from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
+from inference.engine.sequence import Sequence
+from inference.engine.text.tokenizer import Tokenizer
 
 QUEUE_RETRY_AFTER = 2.0  # seconds a client refused after a queue wait is told to wait
 

@@ -7,8 +7,8 @@ client never receives part of a stop string, and the stop string itself is never
 
 from __future__ import annotations
 
-from .detokenizer import IncrementalDetokenizer
-from .sampler import SequenceSampling
+from inference.engine.sampler import SequenceSampling
+from inference.engine.text.detokenizer import IncrementalDetokenizer
 
 STOP = "stop"
 LENGTH = "length"

@@ -24,9 +24,9 @@ import psutil
 import torch
 import zmq
 
-from . import protocol as p
-from .errors import LoadError
-from .hosted_model import HostedModel, RequestRefused, invalid
+from inference.engine.contract import messages as p
+from inference.engine.errors import LoadError
+from inference.engine.hosted_model import HostedModel, RequestRefused, invalid
 
 HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
 # A CPU model with fewer weight bytes than this steps on one thread: its ops take microseconds, less than waking and

@@ -7,15 +7,15 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine import protocol as p
-from inference.engine.detokenizer import IncrementalDetokenizer
-from inference.engine.loader_hf import read_hf_dir
-from inference.engine.loading import load_model
-from inference.engine.model import PackedLinear, Transformer
-from inference.engine.runner import ModelRunner
+from inference.engine.contract import messages as p
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loading import load_model
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.transformer import PackedLinear, Transformer
 from inference.engine.sampler import SamplingParams, SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.text.detokenizer import IncrementalDetokenizer
 
 PROMPTS = [
     [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421],  # BOS "Once upon a time ..."

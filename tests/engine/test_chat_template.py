@@ -6,9 +6,9 @@ import gguf
 import pytest
 from transformers import AutoTokenizer
 
-from inference.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, TemplateError
 from inference.engine.demo_model import write_demo_model
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate, TemplateError
+from inference.engine.text.tokenizer import Tokenizer
 
 WEATHER_TOOL = {
     "type": "function",

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from inference.engine.demo_model import write_demo_model
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

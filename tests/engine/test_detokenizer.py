@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inference.engine.demo_model import write_demo_model
-from inference.engine.detokenizer import IncrementalDetokenizer
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.detokenizer import IncrementalDetokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,12 +12,12 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from inference.engine.config import ModelConfig
 from inference.engine.errors import LoadError
-from inference.engine.loader_gguf import read_gguf
-from inference.engine.loader_hf import read_hf_dir
-from inference.engine.loading import load_model
-from inference.engine.model import rope_inv_freq
+from inference.engine.loaders.gguf import read_gguf
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loading import load_model
+from inference.engine.model.config import ModelConfig
+from inference.engine.model.transformer import rope_inv_freq
 from tests.engine.gguf_builders import gguf_tensors_from_hf, write_gguf
 
 TINY = {

@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from inference.engine.errors import LoadError
-from inference.engine.gguf_dequant import SUPPORTED_TYPES, dequantize
-from inference.engine.loader_gguf import read_gguf
+from inference.engine.loaders.gguf import read_gguf
+from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from tests.engine.gguf_builders import hf_permute, write_gguf
 
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]

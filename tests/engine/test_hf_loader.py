@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from inference.engine.errors import LoadError
-from inference.engine.loader_hf import read_hf_dir
-from inference.engine.loading import load_model
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loading import load_model
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from inference.engine.loader_hf import read_hf_dir
-from inference.engine.model import Transformer
-from inference.engine.runner import ModelRunner
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.transformer import Transformer
 
 TINY = dict(
     vocab_size=256,

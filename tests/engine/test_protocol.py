@@ -4,7 +4,7 @@ and anything else is refused as a ProtocolError."""
 import msgpack
 import pytest
 
-from inference.engine import protocol as p
+from inference.engine.contract import messages as p
 
 MESSAGES = [
     p.Submit("r1", "m", messages=[{"role": "user", "content": "héllo"}], tools=[{"type": "function"}],

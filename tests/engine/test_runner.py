@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from inference.engine.errors import ContextOverflow, KVCacheFull
-from inference.engine.loader_hf import read_hf_dir
-from inference.engine.model import Transformer
-from inference.engine.runner import ModelRunner
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.transformer import Transformer
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 

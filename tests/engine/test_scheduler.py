@@ -4,12 +4,12 @@ pausing behave as a client would notice."""
 
 import pytest
 
-from inference.engine import protocol as p
-from inference.engine.detokenizer import IncrementalDetokenizer
-from inference.engine.loading import load_model
+from inference.engine.contract import messages as p
+from inference.engine.loaders.loading import load_model
 from inference.engine.sampler import SamplingParams, SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.text.detokenizer import IncrementalDetokenizer
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big dog and", "The sun", "One day, a cat"]
 

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inference.engine.detokenizer import IncrementalDetokenizer
 from inference.engine.sequence import LENGTH, STOP, Sequence
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.detokenizer import IncrementalDetokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 STORY = "Lily and Tom went to the park. They saw a big dog. The dog was happy and ran to them."
 

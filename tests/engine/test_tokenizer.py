@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from inference.engine.demo_model import write_demo_model
 from inference.engine.errors import LoadError
-from inference.engine.tokenizer import Tokenizer
+from inference.engine.text.tokenizer import Tokenizer
 
 ROUND_TRIP_TEXTS = [
     "Once upon a time, there was a little cat.",

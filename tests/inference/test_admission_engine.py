@@ -9,7 +9,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from inference.engine import protocol as p
+from inference.engine.contract import messages as p
 from inference.engine.hosted_model import HostedModel, RequestRefused
 from inference.engine.kv_budget import (
     configured_window,
@@ -18,9 +18,9 @@ from inference.engine.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from inference.engine.loading import load_model
-from inference.engine_client import EngineError
-from inference.in_process_client import InProcessEngineClient
+from inference.engine.loaders.loading import load_model
+from inference.runtime.engine_client import EngineError
+from inference.runtime.in_process_client import InProcessEngineClient
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

@@ -5,8 +5,8 @@ a non-streaming and a streaming chat completion whose text is exactly the engine
 import openai
 import pytest
 
-from inference.engine.chat_template import ChatTemplate
-from inference.engine.loading import load_model
+from inference.engine.loaders.loading import load_model
+from inference.engine.text.chat_template import ChatTemplate
 from inference.models import CatalogModel
 from tests.inference.serving import run_manage, serving_env, wait_for
 

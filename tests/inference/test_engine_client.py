@@ -7,11 +7,11 @@ import os
 import pytest
 import pytest_asyncio
 
-from inference.engine import protocol as p
+from inference.engine.contract import messages as p
 from inference.engine.hosted_model import chat_prompt_ids
-from inference.engine.loading import load_model
-from inference.engine_client import EngineError
-from inference.in_process_client import InProcessEngineClient
+from inference.engine.loaders.loading import load_model
+from inference.runtime.engine_client import EngineError
+from inference.runtime.in_process_client import InProcessEngineClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.reasoning import ReasoningSplitter
+from inference.api.reasoning import ReasoningSplitter
 
 
 def split(pieces):

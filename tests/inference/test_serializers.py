@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from inference.serializers import (
+from inference.api.serializers import (
     LoadModelSerializer,
     UnloadModelSerializer,
     parse_body,

@@ -10,11 +10,11 @@ import time
 import pytest
 import pytest_asyncio
 
-from inference.engine import protocol as p
+from inference.engine.contract import messages as p
 from inference.engine.hosted_model import chat_prompt_ids
-from inference.engine.loading import load_model
-from inference.engine_client import EngineError, WorkerDied
-from inference.supervisor import WorkerSupervisor
+from inference.engine.loaders.loading import load_model
+from inference.runtime.engine_client import EngineError, WorkerDied
+from inference.runtime.supervisor import WorkerSupervisor
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

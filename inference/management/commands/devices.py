@@ -1,6 +1,6 @@
 """manage.py devices: the devices workers can run on, with their memory."""
 
-from inference.devices import probe_devices
+from inference.runtime.host_probe import probe_devices
 from pantheon_site.management.base import CommandResult, PantheonCommand, format_table
 
 

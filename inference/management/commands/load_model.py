@@ -9,10 +9,10 @@ records the catalogue change and audits it.
 from django.conf import settings
 from django.db import transaction
 
-from inference.checkpoints import inspect_checkpoint
+from inference.api.serializers import LoadModelSerializer, validated
+from inference.management.server_client import call_admin, running_server
 from inference.models import CatalogModel
-from inference.serializers import LoadModelSerializer, validated
-from inference.server_client import call_admin, running_server
+from inference.services.checkpoints import inspect_checkpoint
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
 
 OPTIONS = ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget")

@@ -21,10 +21,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from inference.admin_auth import install_local_secret
-from inference.host_info import build_id
-from inference.run_file import RunInfo, new_admin_secret, remove_run_file, write_run_file
-from inference.server_client import running_server
+from inference.api.operator_auth import install_local_secret
+from inference.management.run_file import RunInfo, new_admin_secret, remove_run_file, write_run_file
+from inference.management.server_client import running_server
+from inference.runtime.host_probe import build_id
 from pantheon_site.management.base import CommandResult, PantheonCommand
 
 
@@ -45,7 +45,7 @@ class Command(PantheonCommand):
         from daphne.server import Server
         from twisted.internet import defer, reactor
 
-        from inference.control_plane import ControlPlane
+        from inference.runtime.control_plane import ControlPlane
         from pantheon_site.asgi import application
 
         loop = reactor._asyncioEventloop
@@ -78,7 +78,7 @@ class Command(PantheonCommand):
         reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
 
         def shut_down() -> None:
-            if plane.dispatcher.shutting_down:  # a second signal: stop now
+            if plane.router.shutting_down:  # a second signal: stop now
                 server.stop()
                 return
             self.stdout.write("Shutting down: finishing the generations in flight...")

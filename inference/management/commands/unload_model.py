@@ -6,8 +6,8 @@ As with load_model, a call to a running server is audited by the server, a catal
 
 from django.conf import settings
 
+from inference.management.server_client import call_admin, running_server
 from inference.models import CatalogModel
-from inference.server_client import call_admin, running_server
 from pantheon_site.errors import InvalidRequest, UnloadFailed
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
 

@@ -1,0 +1,69 @@
+"""The operator routes: GET /admin/models, POST /admin/models/load, POST /admin/models/unload, GET /admin/dies.
+
+Each needs an operator token (or the local credential `manage.py` reads from the run file) and writes one audit
+event, accepted or refused (inference/admin_auth.py). The work itself is in inference/model_admin.py.
+"""
+
+from django.http import JsonResponse
+
+from inference.api.methods import only
+from inference.api.model_rows import admin_model_row
+from inference.api.operator_auth import admin_route
+from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
+from inference.runtime.host_probe import dies_visible
+from inference.runtime.router import get_router
+from inference.services.model_lifecycle import LoadRequest, do_load_model, do_unload_model
+
+
+@only("GET")
+@admin_route("model_list")
+async def list_instances(request):
+    """Every live instance, one row each (not deduplicated by name), with the scheduler's current occupancy."""
+    router = get_router()
+    live = {(s.device, m.name): m for s in await router.client.status() for m in s.models}
+    rows = [
+        admin_model_row(placement, router.served.get(name), live.get((placement.device, name)))
+        for name, placement in sorted(router.placements().items())
+    ]
+    return JsonResponse({"object": "list", "data": rows})
+
+
+@only("POST")
+@admin_route("model_load")
+async def load(request):
+    body = parse_body(LoadModelSerializer, request.body)
+    request.audit_model = body.get("name") or body["path"]
+    row = await do_load_model(get_router(), LoadRequest.from_body(body))
+    request.audit_model = row["id"]
+    request.audit_details = {"path": row["path"], "device": row["device"], "instance_id": row.get("instance_id")}
+    return JsonResponse(row)
+
+
+@only("POST")
+@admin_route("model_unload")
+async def unload(request):
+    body = parse_body(UnloadModelSerializer, request.body)
+    request.audit_model = body.get("name", "")
+    result = await do_unload_model(get_router(), name=body.get("name", ""), instance_id=body.get("id"))
+    request.audit_model = result["unloaded"]
+    request.audit_details = {k: v for k, v in result.items() if k != "unloaded"}
+    return JsonResponse(result)
+
+
+@only("GET")
+@admin_route("die_list")
+async def list_dies(request):
+    """One row per CUDA device a worker runs on: its memory and the models on it. A CPU-only host has none."""
+    router = get_router()
+    statuses = sorted(
+        (s for s in await router.client.status() if s.device.startswith("cuda:")),
+        key=lambda s: int(s.device.split(":", 1)[1]),
+    )
+    data = []
+    for status in statuses:
+        ordinal = int(status.device.split(":", 1)[1])
+        names = [m.name for m in status.models]
+        data.append({"die": ordinal, "card": ordinal, "model": ", ".join(names), "n_models": len(names),
+                     "vram_budget": status.memory_total, "vram_used": status.memory_used})  # fmt: skip
+    n_dies = max(len(data), dies_visible(router.client))
+    return JsonResponse({"object": "list", "n_dies": n_dies, "data": data})

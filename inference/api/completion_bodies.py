@@ -1,0 +1,166 @@
+"""Chat completion bodies: the non-streaming response, and the SSE chunks of a streaming one, from a `Generation`.
+
+Streaming chunks follow the spec's order: a `{"role": "assistant"}` delta, then reasoning and content deltas as the
+worker produces text, a closing chunk with the finish reason, the usage chunk when `stream_options.include_usage`
+asks for it, and `data: [DONE]`. An error after the stream opened cannot change the status any more: it is sent as
+one terminal `data: {"error": {...}}` event (with kv_used/kv_cap for context_over_budget) and the stream ends.
+Leaving a generation early (the client disconnected, so the ASGI handler cancelled the response) aborts it in the
+worker at once: every path out of these functions goes through `Generation.__aexit__`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from inference.api.reasoning import ReasoningSplitter
+from inference.api.refusals import as_api_error
+from inference.api.serializers import ChatRequest
+from inference.engine.contract import messages as p
+from inference.runtime.engine_client import EngineError, Generation
+from pantheon_site.errors import PantheonError, openai_error_body
+
+
+def new_completion_id() -> str:
+    """A unique, unguessable completion id (96 random bits)."""
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+def usage_body(generations: list[Generation]) -> dict[str, Any]:
+    """The request's usage: the prompt counted once, completion tokens summed across choices, the KV numbers of the
+    fullest choice."""
+    finished = [g.finished for g in generations]
+    prompt = finished[0].prompt_tokens
+    completion = sum(f.completion_tokens for f in finished)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": finished[0].cached_tokens},
+        "kv_used": max(f.kv_used for f in finished),
+        "kv_cap": finished[0].kv_cap,
+    }
+
+
+def logprobs_content(tokens: p.Tokens) -> list[dict[str, Any]]:
+    """OpenAI's `logprobs.content` entries for the tokens of one TOKENS message."""
+
+    def entry(token: bytes, logprob: float) -> dict[str, Any]:
+        return {"token": token.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(token)}
+
+    return [
+        {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t.token, t.logprob) for t in lp.top]}
+        for lp in tokens.logprobs or []
+    ]
+
+
+class CompletionContext:
+    """What every body of one completion shares: id, creation time, the served name, the request."""
+
+    def __init__(self, chat: ChatRequest, model: str):
+        self.chat = chat
+        self.model = model
+        self.id = new_completion_id()
+        self.created = int(time.time())
+
+    def envelope(self, obj: str) -> dict[str, Any]:
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if self.chat.n_status:
+            body["n_status"] = self.chat.n_status
+        return body
+
+
+async def complete(generations: list[Generation], ctx: CompletionContext) -> dict[str, Any]:
+    """Runs the generations (one per choice) to their end and returns the `chat.completion` body. Raises the API
+    error of a failure (the other choices are aborted then)."""
+    choices = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for generation in generations:
+                await stack.enter_async_context(generation)
+            for index, generation in enumerate(generations):
+                choices.append(await _choice(generation, index, ctx))
+    except EngineError as exc:
+        raise as_api_error(exc) from exc
+    return {**ctx.envelope("chat.completion"), "choices": choices, "usage": usage_body(generations)}
+
+
+async def _choice(generation: Generation, index: int, ctx: CompletionContext) -> dict[str, Any]:
+    splitter = ReasoningSplitter()
+    reasoning, content, logprobs = [], [], []
+    async for event in generation:
+        if isinstance(event, p.Tokens):
+            r, c = splitter.push(event.text)
+            reasoning.append(r)
+            content.append(c)
+            logprobs += logprobs_content(event)
+    r, c = splitter.flush()
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) + c}
+    if reasoning_text := "".join(reasoning) + r:
+        message["reasoning_content"] = reasoning_text
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": generation.finished.finish_reason}
+    if ctx.chat.wants_logprobs:
+        choice["logprobs"] = {"content": logprobs}
+    return choice
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {text}\n\n".encode()
+
+
+def error_event(error: PantheonError) -> bytes:
+    """The terminal event of a stream that failed after it opened."""
+    return sse(openai_error_body(error, streaming=True))
+
+
+async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -> AsyncIterator[bytes]:
+    """The SSE events of a streaming completion (see the module docstring); with n > 1 the choices stream one after
+    another, each from its role delta to its closing chunk, told apart by `index`."""
+    async with contextlib.AsyncExitStack() as stack:
+        for generation in generations:
+            await stack.enter_async_context(generation)
+        for index, generation in enumerate(generations):
+            try:
+                async for event in _choice_chunks(generation, index, ctx):
+                    yield event
+            except EngineError as exc:
+                yield error_event(as_api_error(exc))
+                return
+    if ctx.chat.include_usage:
+        yield sse({**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)})
+    yield sse("[DONE]")
+
+
+async def _choice_chunks(generation: Generation, index: int, ctx: CompletionContext) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": index, "delta": delta, **extra, "finish_reason": finish_reason}
+        return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice]})
+
+    splitter = ReasoningSplitter()
+    yield chunk({"role": "assistant"})
+    async for event in generation:
+        if not isinstance(event, p.Tokens):
+            continue
+        reasoning, content = splitter.push(event.text)
+        if reasoning:
+            yield chunk({"reasoning_content": reasoning})
+        if content or (event.logprobs and ctx.chat.wants_logprobs):
+            extra = {"logprobs": {"content": logprobs_content(event)}} if ctx.chat.wants_logprobs else {}
+            yield chunk({"content": content}, **extra)
+    reasoning, content = splitter.flush()
+    if reasoning:
+        yield chunk({"reasoning_content": reasoning})
+    if content:
+        yield chunk({"content": content})
+    yield chunk({}, generation.finished.finish_reason)
+
+
+async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:
+    """A stream whose request was refused with a stream-form error (context_over_budget): just the error event."""
+    yield error_event(error)

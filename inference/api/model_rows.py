@@ -1,0 +1,84 @@
+"""The model rows of GET /v1/models (the client's plan) and of GET /admin/models and POST /admin/models/load (the
+operator's view), built from the engine's placements and the router's records.
+
+Served numbers come from the worker (what the scheduler really runs: `max_concurrent`, `context_window`, which is
+also every completion's `usage.kv_cap`); the `*_configured` ones from the load options. A number that is not known
+yet (a model still loading) is left out rather than reported as 0. `graphs` and `attention` are omitted: the engine
+has no CUDA-graph capture and a single attention path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference.engine.contract import messages as p
+from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.router import ServedModel
+
+OWNED_BY = "pantheon"
+
+
+def _dies(device: str) -> list[int]:
+    return [int(device.split(":", 1)[1])] if device.startswith("cuda:") else []
+
+
+def _max_sessions(served: ServedModel | None, max_concurrent: int | None) -> int | None:
+    """Sessions are not kept between turns yet, so residency is what was asked for, else the decode slots."""
+    if served is not None and served.options.max_sessions:
+        return served.options.max_sessions
+    return max_concurrent
+
+
+def v1_model_row(placement: ModelPlacement, served: ServedModel | None) -> dict[str, Any]:
+    """One entry of GET /v1/models."""
+    info = placement.info
+    max_concurrent = info.max_concurrent if info else None
+    row: dict[str, Any] = {
+        "id": placement.name,
+        "object": "model",
+        "created": int(served.loaded_at) if served else 0,
+        "owned_by": OWNED_BY,
+        "max_sessions": _max_sessions(served, max_concurrent),
+        "max_concurrent": max_concurrent,
+        "context_window": info.context_window if info else None,
+        "tool_choice_required_with_thinking": False,
+    }
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def admin_model_row(
+    placement: ModelPlacement, served: ServedModel | None, live: p.ModelStatus | None = None
+) -> dict[str, Any]:
+    """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
+    current occupancy (running, waiting, slots) when the worker answered a status query."""
+    info: p.Loaded | None = placement.info
+    options = served.options if served else None
+    max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
+    context_window = live.context_window if live else info.context_window if info else None
+    row: dict[str, Any] = {
+        "id": placement.name,
+        "object": "model",
+        "instance_id": served.instance_id if served else None,
+        "state": placement.state,
+        "path": info.path if info else placement.load.path,
+        "format": info.format if info else None,
+        "architecture": info.architecture if info else None,
+        "device": placement.device,
+        "dies": _dies(placement.device),
+        "dtype": info.dtype if info else None,
+        "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
+        "max_sessions": _max_sessions(served, max_concurrent),
+        "max_concurrent": max_concurrent,
+        "max_concurrent_configured": placement.load.max_concurrent,  # what the load asked the scheduler for
+        "context_window": context_window,
+        "context_window_configured": (info.context_window_configured if info else None)
+        or (options.ctx_cap if options else None)
+        or context_window,
+        "reasoning_budget": options.reasoning_budget if options else None,
+        "quantize": options.quantize if options else placement.load.quantize,
+        "loaded_at": int(served.loaded_at) if served else None,
+    }
+    if live is not None:
+        row["live"] = {"running": live.running, "waiting": live.waiting, "slots_used": live.slots_used,
+                       "slots_total": live.slots_total, "state": live.state}  # fmt: skip
+    return {k: v for k, v in row.items() if v is not None}

@@ -1,0 +1,90 @@
+"""Who may call /admin/*: an operator token (pantheon_site.auth.operator_route), or `manage.py` on this host with the
+running server's local admin credential from the run file (inference/run_file.py).
+
+Either way the call writes exactly one audit event. A call made with the local credential is the command's own
+action, so its event has actor_kind "cli" and the OS user the command reports (X-Pantheon-Actor) as its label, the
+same attribution the command would have written itself; the command then writes none.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+
+from inference.management.run_file import LOCAL_SECRET_PREFIX, secrets_match
+from pantheon_site.audit import aaudit_request, arecord_audit_event
+from pantheon_site.auth import operator_route
+from pantheon_site.errors import ServerError, Unauthorized, as_pantheon_error
+from pantheon_site.models import Outcome
+
+ACTOR_HEADER = "X-Pantheon-Actor"
+_ACTOR = re.compile(r"[\w.@:+-]{1,100}")
+
+_local_secret: str | None = None
+
+
+def install_local_secret(secret: str | None) -> None:
+    """The credential of this run (serve sets it when it writes the run file; None refuses every local call)."""
+    global _local_secret
+    _local_secret = secret
+
+
+def _local_secret_of(request) -> str | None:
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() == "bearer" and secret.startswith(LOCAL_SECRET_PREFIX):
+        return secret
+    return None
+
+
+def admin_route(operation: str):
+    """Decorator for an async operator view: operator_route, or the local credential (see the module docstring).
+    The view may set request.audit_model / request.audit_details as with operator_route."""
+
+    def decorate(view):
+        with_token = operator_route(operation)(view)
+
+        @functools.wraps(view)
+        async def wrapper(request, *args, **kwargs):
+            secret = _local_secret_of(request)
+            if secret is None:
+                return await with_token(request, *args, **kwargs)
+            return await _local_call(view, operation, secret, request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+async def _local_call(view, operation: str, secret: str, request, *args, **kwargs):
+    started = time.monotonic()
+    if not secrets_match(secret, _local_secret):
+        error = Unauthorized(reason="local_secret_unknown")
+        await aaudit_request(request, operation, error=error, started=started)
+        raise error
+    actor = request.headers.get(ACTOR_HEADER, "")
+    fields = {
+        "actor_kind": "cli",
+        "actor_label": actor if _ACTOR.fullmatch(actor) else "",
+        "request_id": getattr(request, "request_id", ""),
+        "client_address": request.META.get("REMOTE_ADDR", "") or "",
+    }
+    try:
+        response = await view(request, *args, **kwargs)
+    except Exception as exc:
+        error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
+        await arecord_audit_event(
+            operation, Outcome.REFUSED, error=error, **_outcome_fields(request, started), **fields
+        )
+        raise
+    await arecord_audit_event(operation, Outcome.ACCEPTED, **_outcome_fields(request, started), **fields)
+    return response
+
+
+def _outcome_fields(request, started: float) -> dict:
+    return {
+        "model": getattr(request, "audit_model", ""),
+        "details": getattr(request, "audit_details", None),
+        "duration_ms": (time.monotonic() - started) * 1000.0,
+    }

@@ -1,0 +1,90 @@
+"""The parameters that cross the process boundary: how to sample a generation, and how to load and serve a model.
+
+Torch-free and Django-free (msgspec only), so the control plane builds these and the worker receives the very same
+types. Each checks its invariants in `__post_init__`, which msgspec runs both when code builds one and when the
+worker decodes one from a message, so a bad value fails the one request that carries it, before it can reach a
+batched engine step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+SEED_LIMIT = 2**63  # seeds are non-negative 63-bit integers (the sampler's counter-based draws)
+TOP_LOGPROBS_LIMIT = 20
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One generation's sampling knobs, as the API edge validated and clamped them. temperature <= 0 is greedy;
+    top_k 0 is off; a request without a seed gets a random one in the worker."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id -> bias; -100 or less bans the token
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token, only when logprobs is set
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number")
+        if not 0.0 <= self.top_p <= 1.0 or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("top_p and min_p must be in [0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be 0 (off) or positive")
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if not 0 <= self.top_logprobs <= TOP_LOGPROBS_LIMIT:
+            raise ValueError(f"top_logprobs must be in [0, {TOP_LOGPROBS_LIMIT}]")
+        if self.logit_bias and not all(math.isfinite(b) for b in self.logit_bias.values()):
+            raise ValueError("logit_bias values must be finite numbers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What an operator may ask of a load: the one schema behind the load route's body, the catalogue's defaults,
+    `manage.py load_model`'s flags and the worker's LOAD. 0 means the default (for reasoning_budget: unbounded);
+    an empty dtype is automatic (float32 on CPU, bfloat16 on CUDA)."""
+
+    ctx_cap: int = 0  # the context window to configure (0: the model's own limit, capped)
+    max_sessions: int = 0  # sessions that may keep KV between turns
+    max_concurrent: int = 0  # sequences decoded together
+    reasoning_budget: int = 0  # think tokens before </think> is forced
+    quantize: bool = False  # int8 linear layers
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+
+    def __post_init__(self) -> None:
+        for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 (the default) or positive")
+
+
+class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How a worker's scheduler serves one model: the platform's settings, resolved by the control plane.
+
+    `max_concurrent` sequences decode together; `queue_depth` more may wait for a slot (0: a busy model refuses at
+    once) for up to `queue_timeout` seconds; prompts are prefilled `prefill_chunk` tokens per step; below
+    `min_free_memory` bytes of free device memory new generations are refused (0: never)."""
+
+    max_concurrent: int = 1
+    queue_depth: int = 0
+    queue_timeout: float = 30.0
+    prefill_chunk: int = 128
+    min_free_memory: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1 or self.prefill_chunk < 1:
+            raise ValueError("max_concurrent and prefill_chunk must be positive")
+        if self.queue_depth < 0 or self.min_free_memory < 0 or not self.queue_timeout >= 0:
+            raise ValueError("queue_depth, queue_timeout and min_free_memory must not be negative")

@@ -1,0 +1,162 @@
+"""Reads a GGUF file (llama.cpp's single-file format) into the engine's Hugging Face-named float32 weights.
+
+Three things differ from a Hugging Face checkpoint and are undone here:
+- names: `blk.N.attn_q.weight` and friends become `model.layers.N.self_attn.q_proj.weight` and friends;
+- layout: quantized blocks are dequantized, and ggml shapes (ne0, the input dim, first) become torch [out, in];
+- RoPE order: llama.cpp's `llama` architecture rotates adjacent pairs, so its converter stores q/k rows in Meta's
+  interleaved order; the model rotates halves (HF `rotate_half`), so llama q/k rows are permuted back. qwen2 and
+  qwen3 GGUFs already use the half-split (NEOX) order and are taken as stored.
+
+Every tensor is checked against what the model needs (`expected_hf_shapes`) before any data is decoded, and a file
+that is not a GGUF, is cut short, or holds the wrong tensors raises `LoadError` naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import torch
+
+from inference.engine.errors import LoadError
+from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
+from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
+from inference.engine.model.config import ModelConfig
+from inference.engine.model.transformer import expected_hf_shapes
+
+GGUF_MAGIC = b"GGUF"
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    **{f"attn_{p}.{kind}": f"self_attn.{p}_proj.{kind}" for p in "qkv" for kind in ("weight", "bias")},
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+@dataclass(slots=True)
+class GGUFCheckpoint:
+    config: ModelConfig
+    tensors: dict[str, torch.Tensor]  # Hugging Face names, float32 on CPU, q/k in rotate_half layout
+    reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
+
+
+def read_gguf(path: str | Path) -> GGUFCheckpoint:
+    path = Path(path)
+    reader = _open(path)
+    by_name = {t.name: t for t in reader.tensors}
+    freqs = by_name.pop(ROPE_FREQS_TENSOR, None)
+    rope_freqs = None if freqs is None else _decode(path, freqs, tuple(int(n) for n in reversed(freqs.shape))).numpy()
+    config = config_from_gguf(reader, path, rope_freqs)
+    hf_to_gguf = {}
+    for name in by_name:
+        hf_name = hf_name_of(name)
+        if hf_name is None:
+            raise LoadError(path, f"unexpected tensor {name}: not part of a {config.architecture} model")
+        hf_to_gguf[hf_name] = name
+    expected = expected_hf_shapes(config)
+    for hf_name, shape in expected.items():
+        name = gguf_name_of(hf_name)
+        _check_tensor(path, by_name.get(name), name, shape)
+    for hf_name, name in hf_to_gguf.items():
+        if hf_name not in expected:
+            raise LoadError(path, f"unexpected tensor {name}: the metadata describes a model without it")
+    tensors = {hf_name: _decode(path, by_name[name], expected[hf_name]) for hf_name, name in hf_to_gguf.items()}
+    if config.architecture == "llama":
+        _permute_qk_to_rotate_half(tensors, config)
+    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader)
+
+
+def read_gguf_config(path: str | Path) -> ModelConfig:
+    """The file's metadata as a ModelConfig, without decoding any tensor (rope_freqs only refine RoPE tables)."""
+    path = Path(path)
+    return config_from_gguf(_open(path), path, None)
+
+
+def hf_name_of(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor name, or None for a tensor the engine's model does not have."""
+    if gguf_name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[gguf_name]
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match[2] not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{int(match[1])}.{_LAYER_NAMES[match[2]]}"
+
+
+def gguf_name_of(hf_name: str) -> str:
+    """The GGUF tensor name of a Hugging Face name that `expected_hf_shapes` lists."""
+    for gguf_name, name in _TOP_LEVEL_NAMES.items():
+        if name == hf_name:
+            return gguf_name
+    _, _, layer, rest = hf_name.split(".", 3)
+    return next(f"blk.{layer}.{g}" for g, h in _LAYER_NAMES.items() if h == rest)
+
+
+def _open(path: Path) -> gguf.GGUFReader:
+    """Opens the file with gguf's reader, turning its assorted exceptions into LoadError."""
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise LoadError(path, f"cannot read the file: {exc.strerror or exc}") from exc
+    if magic != GGUF_MAGIC:
+        raise LoadError(path, f"not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r}")
+    try:
+        # "c" (copy-on-write) maps the file privately: arrays are writable, so torch can wrap them, but the file on
+        # disk is never modified.
+        return gguf.GGUFReader(path, "c")
+    except Exception as exc:  # the reader signals a damaged file with whatever its parsing trips over
+        raise LoadError(path, f"truncated or corrupt GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _check_tensor(path: Path, tensor: gguf.ReaderTensor | None, name: str, torch_shape: tuple[int, ...]) -> None:
+    if tensor is None:
+        raise LoadError(path, f"missing tensor {name}")
+    got, want = [int(n) for n in tensor.shape], list(reversed(torch_shape))
+    if got != want:
+        raise LoadError(path, f"tensor {name} has shape {got}, expected {want} (ggml order, input dim first)")
+    _check_type(path, tensor)
+
+
+def _check_type(path: Path, tensor: gguf.ReaderTensor) -> None:
+    if tensor.tensor_type not in SUPPORTED_TYPES:
+        supported = ", ".join(t.name for t in SUPPORTED_TYPES)
+        raise LoadError(path, f"tensor {tensor.name} has type {tensor.tensor_type.name}; supported types: {supported}")
+
+
+def _decode(path: Path, tensor: gguf.ReaderTensor, torch_shape: tuple[int, ...]) -> torch.Tensor:
+    _check_type(path, tensor)
+    try:
+        return dequantize(tensor.data, tensor.tensor_type, torch_shape)
+    except ValueError as exc:
+        raise LoadError(path, f"tensor {tensor.name}: {exc}") from exc
+
+
+def _permute_qk_to_rotate_half(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """Reorders llama q/k rows (and biases) from interleaved pairs to HF's half-split layout, in place."""
+    for i in range(config.num_layers):
+        for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
+            for kind in ("weight", "bias"):
+                name = f"model.layers.{i}.self_attn.{proj}.{kind}"
+                if name in tensors:
+                    tensors[name] = _interleaved_to_half_split(tensors[name], heads)
+
+
+def _interleaved_to_half_split(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    # w: [n_heads * head_dim, *rest] with each head's rows as pairs (0, 1), (2, 3), ...
+    # returns the same shape with each head's rows as all even rows, then all odd rows
+    head_dim = w.shape[0] // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)

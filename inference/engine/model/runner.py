@@ -1,0 +1,91 @@
+"""The step-level API the worker's scheduler builds on: prefill a slot, decode a batch of slots, free a slot.
+
+A slot is a handle to one sequence's KV (see kv_cache.py). Prefill appends tokens after what a slot already holds,
+so chunked prefill and continuing a kept session are the same call. Decode runs one token for every slot in the
+batch, each at its own position, as one forward pass: rows of different lengths are handled by masks and indexed
+writes, never by a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.engine.model.kv_cache import KVCache
+from inference.engine.model.transformer import Transformer
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, *, max_slots: int, max_context: int):
+        config = model.config
+        self.model = model
+        self.max_slots = max_slots
+        self.max_context = max_context
+        self.vocab_size = config.vocab_size
+        self.device = model.embed.weight.device
+        with torch.inference_mode():
+            self.cache = KVCache(
+                num_layers=config.num_layers,
+                max_slots=max_slots,
+                num_kv_heads=config.num_kv_heads,
+                max_context=max_context,
+                head_dim=config.head_dim,
+                dtype=model.embed.weight.dtype,
+                device=self.device,
+            )
+
+    def allocate_slot(self) -> int:
+        """A free slot, empty; raises KVCacheFull when none is free."""
+        return self.cache.allocate()
+
+    def free_slot(self, slot: int) -> None:
+        self.cache.free(slot)
+
+    def slot_length(self, slot: int) -> int:
+        return self.cache.length(slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Drops the slot's KV past `length`, keeping the prefix for reuse."""
+        self.cache.truncate(slot, length)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, token_ids: list[int], *, all_logits: bool = False) -> torch.Tensor:
+        """Appends `token_ids` to the slot's KV; float32 logits of the last position [V], or of all of them [S, V]."""
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        view = self.cache.view([slot], len(token_ids))
+        tokens = torch.tensor([token_ids], device=self.device)
+        logits = self.model(tokens, self.cache, view, last_only=not all_logits)  # [1, S or 1, V]
+        self.cache.advance([slot], len(token_ids))
+        return logits[0].float() if all_logits else logits[0, -1].float()
+
+    @torch.inference_mode()
+    def prefill_batch(self, slots: list[int], token_ids: list[list[int]]) -> torch.Tensor:
+        """Appends each `token_ids[i]` to `slots[i]`'s KV in one forward pass; float32 logits of each one's last
+        position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little
+        more than the longest of them.
+
+        Shorter lists are padded at their end to the longest. The padding's keys and values land past their slot's
+        length, where no real token attends (the causal mask) and the slot's next tokens overwrite them. Every slot
+        must have room for the longest list, or the call raises ContextOverflow before writing anything.
+        """
+        if len(slots) != len(token_ids) or not all(token_ids):
+            raise ValueError("prefill_batch needs one non-empty token list per slot")
+        width = max(len(ids) for ids in token_ids)
+        view = self.cache.view(slots, width)
+        tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
+        last = torch.tensor([len(ids) - 1 for ids in token_ids], device=self.device)
+        logits = self.model(tokens, self.cache, view, last_index=last)  # [B, 1, V]
+        for slot, ids in zip(slots, token_ids, strict=True):
+            self.cache.advance([slot], len(ids))
+        return logits[:, 0].float()
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
+        """One token per slot, each appended at its slot's own length; float32 logits [B, V]."""
+        if len(slots) != len(token_ids) or not slots:
+            raise ValueError(f"decode needs one token per slot, got {len(slots)} slots and {len(token_ids)} tokens")
+        view = self.cache.view(slots, 1)
+        tokens = torch.tensor(token_ids, device=self.device)[:, None]
+        logits = self.model(tokens, self.cache, view)  # [B, 1, V]
+        self.cache.advance(slots, 1)
+        return logits[:, 0].float()

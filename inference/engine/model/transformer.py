@@ -1,0 +1,325 @@
+"""One decoder-only transformer for the llama, mistral, qwen2 and qwen3 checkpoints `ModelConfig` describes.
+
+The architectures differ only in switches the config carries: q/k/v bias (qwen2), per-head q/k RMSNorm before RoPE
+(qwen3), Llama-3 RoPE frequency scaling, tied embeddings. Mistral's sliding window never matters because the engine
+caps its context at the window (`ModelConfig.max_context`).
+
+The model is built on the meta device and receives its weights with `load_state_dict(assign=True)`, so no memory is
+spent on a random init. q/k/v and gate/up are fused into one matrix each at load: one matmul instead of three (two)
+per layer, which matters most at batch 1 where every call is a pass over the weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.engine.model.config import ModelConfig
+from inference.engine.model.kv_cache import CacheView, KVCache
+from inference.engine.model.quantize import quantize_linears
+
+
+class RMSNorm(nn.Module):
+    """Normalizes over the last dim in float32 whatever the model's dtype, then scales in the model's dtype (as
+    transformers does). The weight may carry leading dims to broadcast over (per-head norms)."""
+
+    def __init__(self, shape: int | tuple[int, ...], eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., dim] -> [..., dim]
+        if x.dtype == torch.float32 and self.weight.dim() == 1:  # the arithmetic below in one call: ~25% faster
+            return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
+
+
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE in the Hugging Face layout: dimension i is paired with i + head_dim/2, i.e.
+    x * cos + cat(-x2, x1) * sin, written as x * cos + roll(x) * cat(-sin1, sin2): three kernels instead of six."""
+    # x: [B, S, H, hd]; cos, sin_signed: [B, S, 1, hd]
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies of the head_dim/2 rotation pairs, with Llama-3 scaling when the config asks for it."""
+    # returns: [hd/2] float32
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    # Llama 3: wavelengths longer than the original context / low_freq_factor are slowed down by `factor`, shorter
+    # than original context / high_freq_factor are kept, and those in between are blended linearly.
+    wavelen = 2 * math.pi / inv_freq
+    original = scaling.original_max_position_embeddings
+    slowed = torch.where(wavelen > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * slowed / scaling.factor + smooth * slowed
+    medium = (wavelen >= original / scaling.high_freq_factor) & (wavelen <= original / scaling.low_freq_factor)
+    return torch.where(medium, blended, slowed)
+
+
+def rope_tables(config: ModelConfig, max_context: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-flipped sin (first half negated, see rotate_half) of every position's angles, in float32."""
+    # returns: cos, sin_signed: [max_context, hd]
+    angles = torch.outer(torch.arange(max_context, dtype=torch.float32), rope_inv_freq(config))
+    sin = angles.sin()
+    return torch.cat((angles, angles), dim=-1).cos().to(device), torch.cat((-sin, sin), dim=-1).to(device)
+
+
+# The batch size oneDNN is told to expect when it reorders a weight. The reordered weight serves any batch size with
+# the same per-row arithmetic (a row's output does not depend on its batch-mates); 8 is where serving batches live.
+PACK_BATCH_HINT = 8
+# Smaller weights stay plain: they sit in cache, where re-packing is cheap, and the oneDNN call's fixed cost (tens of
+# microseconds through torch.ops) would dominate a tiny model's step.
+PACK_MIN_ELEMENTS = 1 << 18
+
+
+class TransposedLinear(nn.Module):
+    """A CPU linear layer that keeps its weight as [in, out] and computes `x @ weight_t`: for small weights MKL is
+    faster with this layout than with nn.Linear's [out, in] (and than a oneDNN call, see PackedLinear)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        out = x @ self.weight_t
+        return out if self.bias is None else out.add_(self.bias)
+
+
+class PackedLinear(nn.Module):
+    """A CPU float32 linear layer whose weight oneDNN reordered once, at load, into its own blocked layout.
+
+    MKL's plain sgemm re-packs the weight on every call, which for a few rows (decode batches) costs more than the
+    arithmetic. Measured on this project's 2-core AVX-512 machine, one thread, the 12 layers' matmuls of the
+    hidden-768 85M model (ms per step, batch 1 / 8 / 32): `x @ W` with W [in, out] 27 / 72 / 96, nn.Linear's
+    layout 30 / 73 / 89, this 33 / 42 / 72. A batch of 8 costs 1.3x one row instead of 2.7x, which is what
+    continuous batching is for; the price is ~20% at batch 1. Each row's result is bitwise the same whatever else
+    shares its batch. The reordered weight is opaque (no storage), so `weight_nbytes` reports its size.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach()
+        self.weight_packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_BATCH_HINT)
+        self.bias = linear.bias
+        self.weight_nbytes = weight.numel() * weight.element_size()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        return _linear_pointwise(x, self.weight_packed, self.bias, "none", [], "")
+
+
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise.default  # the overload itself: no per-call resolution
+
+
+def cpu_linears(model: nn.Module, *, pack: bool) -> nn.Module:
+    """Replaces every nn.Linear in place: large ones with a PackedLinear when `pack`, the rest with a
+    TransposedLinear."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                packed = pack and child.weight.numel() >= PACK_MIN_ELEMENTS
+                setattr(parent, name, PackedLinear(child) if packed else TransposedLinear(child))
+    return model
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        heads = self.num_heads + 2 * self.num_kv_heads
+        self.wqkv = nn.Linear(config.hidden_size, heads * self.head_dim, bias=config.attention_bias)
+        self.wo = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        # qwen3's q_norm and k_norm as one norm over the q and k heads: weight [H + Hkv, hd] (rows repeated per head)
+        qk_heads = self.num_heads + self.num_kv_heads
+        self.qk_norm = RMSNorm((qk_heads, self.head_dim), config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
+    ) -> torch.Tensor:
+        # x: [B, S, D]; cos, sin_signed: [B, S, 1, hd] -> [B, S, D]
+        batch, seq, _ = x.shape
+        qkv = self.wqkv(x).view(batch, seq, -1, self.head_dim)  # [B, S, H + 2 Hkv, hd]
+        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=2)
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=2)
+        keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
+        if seq == 1 and self.num_heads != self.num_kv_heads:
+            # decode: each kv head's group of query heads attends as if it were that many query positions, so the
+            # keys are never repeated per query head (faster than enable_gqa at one token per row)
+            q = q.reshape(batch, self.num_kv_heads, -1, self.head_dim)  # [B, Hkv, H / Hkv, hd]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=view.mask)
+        else:
+            q = q.transpose(1, 2)  # [B, H, S, hd]
+            gqa = self.num_heads != self.num_kv_heads
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=view.mask, enable_gqa=gqa)
+        return self.wo(out.reshape(batch, self.num_heads, seq, self.head_dim).transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w13 = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, S, D] -> [B, S, D]
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention = Attention(config, layer)
+        self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
+    ) -> torch.Tensor:
+        # x: [B, S, D] -> [B, S, D]
+        x = x + self.attention(self.attention_norm(x), cos, sin_signed, cache, view)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        # Passing the weight skips Embedding's random init, which on the meta device drags in torch._dynamo
+        # (seconds of import on every worker start) only for the load to replace it.
+        self.embed = nn.Embedding(
+            config.vocab_size, config.hidden_size, _weight=torch.empty(config.vocab_size, config.hidden_size)
+        )
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
+
+    @classmethod
+    def from_hf_weights(
+        cls,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        *,
+        max_context: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        quantize: bool = False,
+    ) -> Transformer:
+        """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
+        max_context. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
+        weights and the others are kept transposed."""
+        with torch.device("meta"):
+            model = cls(config)
+        converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
+        weights = {}
+        for name, tensor in fuse_hf_weights(config, tensors).items():
+            if id(tensor) not in converted:
+                converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
+            weights[name] = converted[id(tensor)]
+        model.load_state_dict(weights, assign=True)
+        del weights, converted  # so each replaced linear layer below frees its weight
+        model.rope_cos, model.rope_sin_signed = rope_tables(config, max_context, torch.device(device))
+        model.requires_grad_(False).eval()
+        if quantize:
+            quantize_linears(model)
+        elif torch.device(device).type == "cpu":
+            cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
+        return model
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        view: CacheView,
+        *,
+        last_only: bool = False,
+        last_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits of every position, of the last one (`last_only`), or of position `last_index[b]` of each row b
+        (rows padded at the end, see ModelRunner.prefill_batch)."""
+        # tokens: [B, S]; last_index: [B] long -> logits: [B, S, V] ([B, 1, V] with last_only or last_index)
+        x = self.embed(tokens)
+        cos = self.rope_cos[view.positions].to(x.dtype).unsqueeze(2)  # [B, S, 1, hd]
+        sin_signed = self.rope_sin_signed[view.positions].to(x.dtype).unsqueeze(2)
+        for block in self.layers:
+            x = block(x, cos, sin_signed, cache, view)
+        if last_index is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
+        elif last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.norm(x))
+
+
+def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, by Hugging Face name, with its [out, in] shape (`lm_head` only when untied)."""
+    d, hd = config.hidden_size, config.head_dim
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, d),
+        "model.norm.weight": (d,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, d)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, q),
+            p + "mlp.gate_proj.weight": (config.intermediate_size, d),
+            p + "mlp.up_proj.weight": (config.intermediate_size, d),
+            p + "mlp.down_proj.weight": (d, config.intermediate_size),
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+        }
+        if config.attention_bias:
+            shapes |= {f"{p}self_attn.{n}_proj.bias": (size,) for n, size in (("q", q), ("k", kv), ("v", kv))}
+        if config.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def fuse_hf_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Renames Hugging Face weights to this model's state dict, concatenating q/k/v and gate/up."""
+    out = {
+        "embed.weight": hf["model.embed_tokens.weight"],
+        "norm.weight": hf["model.norm.weight"],
+        "lm_head.weight": hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"],
+    }
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "attention.wqkv.weight"] = torch.cat([hf[f"{attn}{n}_proj.weight"] for n in "qkv"])
+        if config.attention_bias:
+            out[dst + "attention.wqkv.bias"] = torch.cat([hf[f"{attn}{n}_proj.bias"] for n in "qkv"])
+        if config.qk_norm:
+            q_rows = hf[attn + "q_norm.weight"].expand(config.num_heads, -1)
+            k_rows = hf[attn + "k_norm.weight"].expand(config.num_kv_heads, -1)
+            out[dst + "attention.qk_norm.weight"] = torch.cat([q_rows, k_rows])
+        out[dst + "attention.wo.weight"] = hf[attn + "o_proj.weight"]
+        out[dst + "feed_forward.w13.weight"] = torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
+        )
+        out[dst + "feed_forward.w2.weight"] = hf[src + "mlp.down_proj.weight"]
+        out[dst + "attention_norm.weight"] = hf[src + "input_layernorm.weight"]
+        out[dst + "ffn_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
+    return out

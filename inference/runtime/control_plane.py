@@ -1,0 +1,252 @@
+"""The serving side of `manage.py serve`: the worker supervisor, the router, and their mirror in the database.
+
+`start()` forgets the instances of a previous run (they died with it), starts one worker per device and installs
+the engine client and the router the routes use; `autoload()` loads the catalogue's autoload models;
+`stop()` ends the workers and records that nothing is served any more. Meanwhile a sync task keeps the Worker and
+ModelInstance rows in step with the supervisor (pid, state, restarts, heartbeats; instances reloading after a
+crash) and refreshes the catalogue names the router routes on. A worker crash is audited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
+from inference.runtime.engine_client import install_client
+from inference.runtime.router import ModelRouter, install_router
+from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
+from inference.services.model_lifecycle import LoadRequest, do_load_model
+from pantheon_site.audit import arecord_audit_event
+from pantheon_site.errors import ModelNotFound, PantheonError
+from pantheon_site.models import Outcome
+
+logger = logging.getLogger("pantheon.serve")
+
+SYNC_INTERVAL_S = 1.0
+CATALOG_REFRESH_S = 5.0
+DRAIN_POLL_S = 0.05
+DRAIN_FLUSH_S = 0.2  # after the last completion ended, time for its final bytes to reach the client
+HEARTBEAT_RECORD_S = 10.0  # a worker's last_heartbeat row is refreshed this often, not on every heartbeat
+WORKER_STATES = {"starting": WorkerState.STARTING, "ready": WorkerState.READY, "restarting": WorkerState.DEAD,
+                 "stopped": WorkerState.STOPPED}  # fmt: skip
+INSTANCE_STATES = {"ready": InstanceState.READY, "reloading": InstanceState.LOADING,
+                   "loading": InstanceState.LOADING, "unloading": InstanceState.UNLOADING}  # fmt: skip
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    pid: int | None
+    state: str
+    restarts: int
+    heartbeat: float  # wall time of the last heartbeat written
+
+
+class ControlPlane:
+    def __init__(self) -> None:
+        self.supervisor = WorkerSupervisor(
+            devices=settings.PANTHEON_WORKER_DEVICES or None,
+            on_crash=self._on_crash,
+            heartbeat_timeout=settings.PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S,
+            ready_timeout=settings.PANTHEON_WORKER_START_TIMEOUT_S,
+            backoff_initial=settings.PANTHEON_WORKER_RESTART_BACKOFF_S,
+            backoff_max=settings.PANTHEON_WORKER_RESTART_BACKOFF_MAX_S,
+        )
+        self.client = self.supervisor.client
+        self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand)
+        self._sync_task: asyncio.Task | None = None
+        self._autoload_task: asyncio.Task | None = None
+        self._workers: dict[str, WorkerRecord] = {}
+        self._instances: dict[int, str] = {}  # instance id -> the state last written
+        self._stopping = False  # once set, nothing more is mirrored: stop() writes the final state itself
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await sync_to_async(_forget_previous_run)()
+        await self.supervisor.start()
+        install_client(self.client)
+        install_router(self.router)
+        await self._sync_workers()
+        await self._refresh_catalog()
+        self._sync_task = asyncio.create_task(self._sync_forever(), name="control-plane-sync")
+
+    def start_autoload(self) -> None:
+        """Loads the catalogue's autoload models in the background (the server answers meanwhile)."""
+        self._autoload_task = asyncio.get_event_loop().create_task(self.autoload(), name="autoload")
+
+    async def drain(self, timeout: float) -> None:
+        """Refuses new completions (503 server_shutting_down) and returns once none is in flight, or after
+        `timeout` seconds; what still runs then is cancelled when the server stops."""
+        self.router.shutting_down = True
+        deadline = time.monotonic() + timeout
+        while self.router.completions_in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        await asyncio.sleep(DRAIN_FLUSH_S)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        tasks = [t for t in (self._autoload_task, self._sync_task) if t]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        install_router(None)
+        install_client(None)
+        await self.supervisor.stop()
+        await sync_to_async(_forget_previous_run)()
+
+    async def autoload(self) -> None:
+        """Loads every catalogue model marked autoload, one after another; a failure is recorded and skipped."""
+        names = await sync_to_async(list)(CatalogModel.objects.filter(autoload=True).values_list("name", flat=True))
+        for name in names:
+            try:
+                await self._load_from_catalog(name, trigger="autoload")
+            except PantheonError as error:
+                logger.error("autoload of %s failed: %s", name, error.message)
+                await sync_to_async(_record_failed_instance)(name, error.message)
+
+    async def load_on_demand(self, name: str) -> None:
+        """The router's loader for a /v1 request naming a catalogued model that is not loaded."""
+        await self._load_from_catalog(name, trigger="on_demand")
+
+    async def _load_from_catalog(self, name: str, *, trigger: str) -> None:
+        started = time.monotonic()
+        audit = {"actor_kind": "system", "actor_label": trigger, "model": name}
+        try:
+            try:
+                model = await CatalogModel.objects.aget(name=name)
+            except CatalogModel.DoesNotExist:
+                raise ModelNotFound(f"model {name!r} is not in the catalogue", reason="not_catalogued") from None
+            row = await do_load_model(self.router, LoadRequest.from_catalog(model), operator=False)
+        except PantheonError as error:
+            duration = (time.monotonic() - started) * 1000.0
+            await arecord_audit_event("model_load", Outcome.REFUSED, error=error, duration_ms=duration, **audit)
+            raise
+        duration = (time.monotonic() - started) * 1000.0
+        details = {"trigger": trigger, "device": row["device"], "instance_id": row.get("instance_id")}
+        await arecord_audit_event("model_load", Outcome.ACCEPTED, duration_ms=duration, details=details, **audit)
+
+    # -- crashes and the database mirror --------------------------------------------------------------------------
+
+    async def _on_crash(self, crash: WorkerCrash) -> None:
+        await arecord_audit_event(
+            "worker_crash",
+            Outcome.REFUSED,
+            actor_kind="system",
+            actor_label="supervisor",
+            error_type="server_error",
+            reason=crash.reason,
+            model=", ".join(crash.models),
+            details={
+                "device": crash.device,
+                "pid": crash.pid,
+                "returncode": crash.returncode,
+                "models": crash.models,
+                "restarts": crash.restarts,
+            },  # fmt: skip
+        )
+        await self._sync_workers()
+
+    async def _sync_forever(self) -> None:
+        last_catalog = time.monotonic()
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL_S)
+            try:
+                await self._sync_workers()
+                await self._sync_instances()
+                if time.monotonic() - last_catalog >= CATALOG_REFRESH_S:
+                    last_catalog = time.monotonic()
+                    await self._refresh_catalog()
+            except Exception:  # the database being away for a moment must not stop serving
+                logger.exception("syncing the serving state to the database failed")
+
+    async def _sync_workers(self) -> None:
+        if self._stopping:
+            return
+        links = self.client.workers()
+        changes = {}
+        for device, worker in self.supervisor.workers.items():
+            link = links.get(device)
+            heartbeat = link.last_seen_wall if link else 0.0
+            record = WorkerRecord(worker.process.pid, WORKER_STATES.get(worker.state, WorkerState.DEAD),
+                                  worker.restarts, heartbeat)  # fmt: skip
+            last = self._workers.get(device)
+            if last and (last.pid, last.state, last.restarts) == (record.pid, record.state, record.restarts):
+                if heartbeat - last.heartbeat < HEARTBEAT_RECORD_S:
+                    continue
+            changes[device] = record
+        if changes:
+            await sync_to_async(_write_workers)(changes, self.client.endpoint)
+            self._workers.update(changes)
+
+    async def _sync_instances(self) -> None:
+        placements = self.router.placements()
+        changes: dict[int, tuple[str, str]] = {}
+        for name, served in list(self.router.served.items()):
+            placement = placements.get(name)
+            if placement is None:  # its worker crashed and the reload failed: no longer served
+                del self.router.served[name]
+                changes[served.instance_id] = (InstanceState.FAILED, "the reload after a worker crash failed")
+                continue
+            state = INSTANCE_STATES.get(placement.state, InstanceState.READY)
+            if self._instances.get(served.instance_id, InstanceState.READY) != state:
+                self._instances[served.instance_id] = state
+                changes[served.instance_id] = (state, "")
+        if changes:
+            await sync_to_async(_write_instances)(changes)
+
+    async def _refresh_catalog(self) -> None:
+        names = await sync_to_async(_catalog_names)()
+        self.router.catalog_names = frozenset(names)
+
+
+def _forget_previous_run() -> None:
+    """Instances live in workers this process starts, so rows from an earlier run describe nothing."""
+    with transaction.atomic():
+        ModelInstance.objects.all().delete()
+        Worker.objects.exclude(state=WorkerState.STOPPED).update(state=WorkerState.STOPPED, pid=None)
+    close_old_connections()
+
+
+def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
+    now = timezone.now()
+    for device, record in changes.items():
+        defaults = {"pid": record.pid, "state": record.state, "restarts": record.restarts, "endpoint": endpoint}
+        if record.heartbeat:
+            defaults["last_heartbeat"] = datetime.fromtimestamp(record.heartbeat, tz=UTC)
+        worker, created = Worker.objects.update_or_create(device=device, defaults=defaults)
+        if created or worker.started_at is None or record.state == WorkerState.STARTING:
+            Worker.objects.filter(pk=worker.pk).update(started_at=now)
+    close_old_connections()
+
+
+def _write_instances(changes: dict[int, tuple[str, str]]) -> None:
+    for instance_id, (state, error) in changes.items():
+        fields = {"state": state}
+        if error:
+            fields["last_error"] = error
+        ModelInstance.objects.filter(pk=instance_id).update(**fields)
+    close_old_connections()
+
+
+def _record_failed_instance(name: str, message: str) -> None:
+    """A catalogued model that could not be loaded at start: a failed instance row says why (list_models shows it)."""
+    model = CatalogModel.objects.filter(name=name).first()
+    if model is not None:
+        ModelInstance.objects.create(catalog=model, served_name=name, device=model.device or "cpu",
+                                     state=InstanceState.FAILED, last_error=message[:2000])  # fmt: skip
+    close_old_connections()
+
+
+def _catalog_names() -> list[str]:
+    names = list(CatalogModel.objects.values_list("name", flat=True))
+    close_old_connections()
+    return names

@@ -1,0 +1,506 @@
+"""The control plane's client for the workers: submit generations and stream them back, load, unload, status.
+
+One asyncio ROUTER socket talks to every worker (each worker's DEALER connects with its own identity), and every
+request is multiplexed by its request id. The hot path per generation is one SUBMIT out and one asyncio queue fed
+by the receive task; nothing here touches the database or Django.
+
+Tokenization and chat templating happen in the worker, which holds the tokenizer: `generate()` sends the chat
+messages and returns once the worker admitted the request (STARTED: prompt token count, window), or raises the
+refusal (context_over_budget, server_busy, ...) so a route can still choose its HTTP status; then the `Generation`
+yields TOKENS (token ids, text piece, logprobs) and ends with FINISHED (finish_reason, usage).
+
+A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers
+reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient`
+(in_process_client.py) for the worker threads it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
+
+from inference.engine.contract import messages as p
+
+logger = logging.getLogger("pantheon.engine_client")
+
+Event = p.Tokens | p.Finished
+
+
+class EngineError(Exception):
+    """A generation or call the engine refused or could not finish. `type` and `status` are the API's error type
+    and HTTP status for it (server_busy/429, context_over_budget/422, load_failed/404|409|500, ...)."""
+
+    def __init__(self, message: str, *, type: str = "server_error", status: int = 500,
+                 retry_after: float | None = None, kv_used: int | None = None, kv_cap: int | None = None):  # fmt: skip
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.status = status
+        self.retry_after = retry_after
+        self.kv_used = kv_used
+        self.kv_cap = kv_cap
+
+    @classmethod
+    def from_error(cls, error: p.Error) -> EngineError:
+        return cls(error.message, type=error.type, status=error.status, retry_after=error.retry_after,
+                   kv_used=error.kv_used, kv_cap=error.kv_cap)  # fmt: skip
+
+
+class WorkerDied(EngineError):
+    """The worker running this generation or call died (or its model is still being reloaded after a crash)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, type="server_error", status=503, retry_after=5.0)
+
+
+@dataclass(slots=True)
+class ModelPlacement:
+    """Which worker holds a model. state: loading, ready, unloading, or reloading (after its worker crashed)."""
+
+    name: str
+    device: str
+    state: str
+    load: p.Load  # how it was loaded, replayed after a crash
+    info: p.Loaded | None = None
+
+
+@dataclass(slots=True)
+class WorkerLink:
+    device: str
+    identity: bytes
+    pid: int
+    cuda_devices: int
+    last_seen: float  # time.monotonic() of the last message from it
+    last_seen_wall: float  # time.time() of the same
+
+
+class Generation:
+    """One running generation: `started` (STARTED), then `async for event in generation` yields `p.Tokens` and
+    finally one `p.Finished`. Raises `EngineError` (or `WorkerDied`) if it ends otherwise. Leaving it early, e.g.
+    `async with` on a client disconnect, aborts it and frees its KV slot."""
+
+    def __init__(self, client: ZmqEngineClient, request_id: str, started: p.Started, queue: asyncio.Queue):
+        self.request_id = request_id
+        self.started = started
+        self.finished: p.Finished | None = None
+        self._client = client
+        self._queue = queue
+        self._done = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.started.prompt_tokens
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            event = await self._queue.get()
+        except BaseException:
+            self.abort()
+            raise
+        if isinstance(event, BaseException):
+            self._done = True
+            raise event
+        if isinstance(event, p.Finished):
+            self._done = True
+            self.finished = event
+        return event
+
+    def abort(self) -> None:
+        """Stops the generation now (idempotent); a no-op once it ended."""
+        if not self._done:
+            self._done = True
+            self._client.abort(self.request_id)
+
+    async def __aenter__(self) -> Generation:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.abort()
+
+
+class EngineClient(Protocol):
+    """What the routes use. Implemented by `ZmqEngineClient` (worker processes, run by the WorkerSupervisor) and
+    `InProcessEngineClient` (the same worker loop in threads, for tests); see ZmqEngineClient for each method."""
+
+    def models(self) -> dict[str, ModelPlacement]: ...
+
+    async def generate(
+        self,
+        model: str,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        sampling: dict[str, Any] | None = None,
+        max_tokens: int = 1024,
+        stop: Iterable[str] = (),
+        stop_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> Generation: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    async def load(self, name: str, path: str, *, device: str | None = None, timeout: float | None = None,
+                   **options: Any) -> p.Loaded: ...  # fmt: skip
+
+    async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded: ...
+
+    async def status(self, timeout: float = 10.0) -> list[p.Status]: ...
+
+    async def pause(self, model: str, timeout: float | None = None) -> None: ...
+
+    async def resume(self, model: str) -> None: ...
+
+
+class ZmqEngineClient:
+    """The engine client over ZMQ. Workers connect to `endpoint` (ipc in a private temporary folder by default)
+    and announce themselves with READY; whoever starts them reports their death with `worker_lost`."""
+
+    def __init__(self, endpoint: str | None = None, *, context: zmq.asyncio.Context | None = None):
+        self._tmpdir = None if endpoint else tempfile.mkdtemp(prefix="pantheon-")
+        self.endpoint = endpoint or f"ipc://{self._tmpdir}/workers.sock"
+        self._context = context or zmq.asyncio.Context.instance()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._receiver: asyncio.Task | None = None
+        self._workers: dict[str, WorkerLink] = {}
+        self._by_identity: dict[bytes, WorkerLink] = {}
+        self._ready_waiters: dict[str, list[asyncio.Future]] = {}
+        self._streams: dict[str, tuple[str, asyncio.Queue]] = {}  # request id -> (device, events)
+        self._calls: dict[str, tuple[str, asyncio.Future]] = {}  # call id -> (device, reply)
+        self._models: dict[str, ModelPlacement] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        socket = self._context.socket(zmq.ROUTER)
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a gone worker fails instead of vanishing
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self.endpoint)
+        self._socket = socket
+        self._receiver = asyncio.create_task(self._receive(), name="engine-client-receive")
+
+    async def close(self) -> None:
+        for device in list(self._workers):
+            self.worker_lost(device, "the engine client closed")
+        if self._receiver:
+            self._receiver.cancel()
+            await asyncio.gather(self._receiver, return_exceptions=True)
+        if self._socket:
+            self._socket.close()
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    # -- workers --------------------------------------------------------------------------------------------------
+
+    def workers(self) -> dict[str, WorkerLink]:
+        return dict(self._workers)
+
+    async def wait_for_worker(self, device: str) -> WorkerLink:
+        """Waits until a worker for `device` has sent READY (wrap in a timeout)."""
+        if device in self._workers:
+            return self._workers[device]
+        future = asyncio.get_running_loop().create_future()
+        self._ready_waiters.setdefault(device, []).append(future)
+        return await future
+
+    def worker_lost(self, device: str, reason: str) -> list[ModelPlacement]:
+        """Ends everything in flight on that device's worker with WorkerDied; returns the models it held, now in
+        state "reloading", for whoever restarts it to reload. Loads and unloads in progress are dropped."""
+        link = self._workers.pop(device, None)
+        if link:
+            self._by_identity.pop(link.identity, None)
+        message = f"the worker on {device} died: {reason}"
+        for request_id, (dev, queue) in list(self._streams.items()):
+            if dev == device:
+                del self._streams[request_id]
+                queue.put_nowait(WorkerDied(message))
+        for dev, future in self._calls.values():
+            if dev == device and not future.done():
+                future.set_exception(WorkerDied(message))
+        reload = []
+        for name, placement in list(self._models.items()):
+            if placement.device != device:
+                continue
+            if placement.state in ("ready", "reloading"):
+                placement.state = "reloading"
+                reload.append(placement)
+            else:
+                del self._models[name]
+        return reload
+
+    # -- models ---------------------------------------------------------------------------------------------------
+
+    def models(self) -> dict[str, ModelPlacement]:
+        """Every model the engine holds or is loading, by served name."""
+        return dict(self._models)
+
+    async def load(self, name: str, path: str, *, device: str | None = None, timeout: float | None = None,
+                   **options: Any) -> p.Loaded:  # fmt: skip
+        """Loads a checkpoint on `device` (default: a GPU worker with the fewest models, else cpu). `options` are
+        the other `p.Load` fields: quantize, dtype, max_context, max_concurrent, queue_depth, queue_timeout,
+        prefill_chunk. Raises EngineError(load_failed) or WorkerDied."""
+        if name in self._models:
+            state = self._models[name].state
+            raise EngineError(f"model {name!r} is already {'loaded' if state == 'ready' else state}",
+                              type="load_failed", status=409)  # fmt: skip
+        device = device or self._default_device()
+        if device not in self._workers:
+            raise EngineError(f"no worker runs on device {device!r}", type="load_failed", status=400)
+        placement = ModelPlacement(name, device, "loading", p.Load(_new_id(), name, str(path), **options))
+        self._models[name] = placement
+        return await self._load(placement, timeout)
+
+    async def reload(self, name: str, *, timeout: float | None = None) -> p.Loaded:
+        """Loads a "reloading" model again, with the options it was first loaded with."""
+        placement = self._models[name]
+        placement.load = replace(placement.load, request_id=_new_id())
+        return await self._load(placement, timeout)
+
+    async def _load(self, placement: ModelPlacement, timeout: float | None) -> p.Loaded:
+        try:
+            info = await self._call(placement.device, placement.load, timeout)
+        except WorkerDied:
+            raise
+        except BaseException as exc:
+            if self._models.get(placement.name) is placement:
+                del self._models[placement.name]
+            if isinstance(exc, EngineError):  # the worker refused: nothing was loaded
+                raise
+            # Timed out or cancelled: have the worker drop the model when its load ends, so the name stays free.
+            with contextlib.suppress(WorkerDied):
+                self._send(placement.device, p.Unload(_new_id(), placement.name, 0.0))
+            if isinstance(exc, TimeoutError):
+                raise EngineError(f"{placement.name!r} did not load within {timeout:g} s", type="load_failed") from exc
+            raise
+        placement.info, placement.state = info, "ready"
+        return info
+
+    async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded:
+        """Stops routing to the model, lets its generations finish for up to `drain_timeout` s, frees it. At the
+        deadline the generations still running end with EngineError(model_unloaded) when `force`; otherwise the
+        unload is called off with EngineError(unload_failed, 409) and the model stays. Raises
+        EngineError(unload_failed, 404 or 409) for a model that is not loaded or not in a state to unload."""
+        placement = self._models.get(name)
+        if placement is None:
+            raise EngineError(f"model {name!r} is not loaded", type="unload_failed", status=404)
+        if placement.state in ("loading", "unloading"):
+            raise EngineError(f"model {name!r} is {placement.state}", type="unload_failed", status=409)
+        if placement.state == "reloading":  # its worker is gone; just do not bring it back
+            del self._models[name]
+            return p.Unloaded("", name, 0)
+        placement.state = "unloading"
+        call = p.Unload(_new_id(), name, drain_timeout, force)
+        try:
+            reply = await self._call(placement.device, call, drain_timeout + 60)
+        except WorkerDied:
+            reply = p.Unloaded(call.request_id, name, 0)
+        except BaseException:
+            placement.state = "ready"
+            raise
+        self._models.pop(name, None)
+        return reply
+
+    # -- generations ----------------------------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        model: str,
+        *,
+        messages: list[dict[str, Any]] | None = None,
+        prompt_token_ids: list[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        sampling: dict[str, Any] | None = None,
+        max_tokens: int = 1024,
+        stop: Iterable[str] = (),
+        stop_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> Generation:
+        """Submits a generation to the worker holding `model` (its exact served name) and waits for admission.
+
+        `sampling` holds `inference.engine.sampler.SamplingParams` fields (temperature, top_p, top_k, min_p, seed,
+        presence_penalty, frequency_penalty, logit_bias {token id: bias}, logprobs, top_logprobs).
+        Raises EngineError (model_not_found, context_over_budget, server_busy, invalid_request_error, ...) or
+        WorkerDied; cancelling the awaiting task aborts the request.
+        """
+        placement = self._models.get(model)
+        if placement is None or placement.state in ("loading", "unloading"):
+            state = placement.state if placement else "not loaded"
+            raise EngineError(f"model {model!r} is {state}", type="model_not_found", status=404)
+        if placement.state == "reloading":
+            raise WorkerDied(f"the worker holding {model!r} crashed; the model is being reloaded")
+        submit = p.Submit(request_id or _new_id(), model, messages, prompt_token_ids, tools, enable_thinking,
+                          dict(sampling or {}), max_tokens, list(stop), list(stop_token_ids), ignore_eos)  # fmt: skip
+        return await self.submit(placement.device, submit)
+
+    async def submit(self, device: str, submit: p.Submit) -> Generation:
+        """Sends a SUBMIT to `device`'s worker and waits for its admission (what `generate` does once it has placed
+        the request). Every refusal reaches this request, even one for a frame the worker could not read."""
+        request_id = submit.request_id
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (device, queue)
+        try:
+            self._send(device, submit)
+            first = await queue.get()
+        except BaseException:
+            self.abort(request_id)
+            raise
+        if isinstance(first, BaseException):
+            raise first
+        return Generation(self, request_id, first, queue)
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a generation (its worker frees the KV slot at once); unknown or ended ids are ignored."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            try:
+                self._send(stream[0], p.Abort(request_id))
+            except WorkerDied:
+                pass
+
+    # -- status and pausing ---------------------------------------------------------------------------------------
+
+    async def status(self, timeout: float = 10.0) -> list[p.Status]:
+        """Each live worker's models, memory and queues."""
+        replies = await asyncio.gather(
+            *(self._call(device, p.StatusQuery(_new_id()), timeout) for device in self._workers),
+            return_exceptions=True,
+        )
+        return [r for r in replies if isinstance(r, p.Status)]
+
+    async def pause(self, model: str, timeout: float | None = None) -> None:
+        """Stops admitting to `model` and returns once none of its sequences runs (a step boundary)."""
+        await self._call(self._device_of(model), p.Pause(_new_id(), model), timeout)
+
+    async def resume(self, model: str) -> None:
+        await self._call(self._device_of(model), p.Resume(_new_id(), model), 10.0)
+
+    # -- transport ------------------------------------------------------------------------------------------------
+
+    def _default_device(self) -> str:
+        gpus = [d for d in self._workers if d.startswith("cuda")]
+        if gpus:
+            return min(gpus, key=lambda d: sum(pl.device == d for pl in self._models.values()))
+        return "cpu"
+
+    def _device_of(self, model: str) -> str:
+        placement = self._models.get(model)
+        if placement is None or placement.state != "ready":
+            raise EngineError(f"model {model!r} is not loaded", type="model_not_found", status=404)
+        return placement.device
+
+    async def _call(self, device: str, message: p.Message, timeout: float | None) -> p.Message:
+        future = asyncio.get_running_loop().create_future()
+        self._calls[message.request_id] = (device, future)
+        try:
+            self._send(device, message)
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._calls.pop(message.request_id, None)
+
+    def _send(self, device: str, message: p.Message) -> None:
+        """Queues a message to a worker without awaiting (sends on this socket never block: no high-water mark)."""
+        link = self._workers.get(device)
+        if link is None or self._socket is None:
+            raise WorkerDied(f"no live worker on {device}")
+        sent = self._socket.send_multipart([link.identity, *p.encode(message)])
+        if sent.done() and sent.exception() is not None:
+            raise WorkerDied(f"the worker on {device} cannot be reached: {sent.exception()}")
+
+    async def _receive(self) -> None:
+        while True:
+            identity, *frames = await self._socket.recv_multipart()
+            try:
+                message = p.decode(frames)
+            except Exception:  # one bad message must not stop every stream
+                logger.exception("dropped a message from worker %r", identity)
+                continue
+            # A worker step's outputs come as one message: handle each as if it had come alone.
+            for each in message.messages if isinstance(message, p.StepOutputs) else (message,):
+                try:
+                    self._dispatch(identity, each)
+                except Exception:
+                    logger.exception("dropped a message from worker %r", identity)
+
+    def _dispatch(self, identity: bytes, message: p.Message) -> None:
+        if isinstance(message, p.Ready):
+            self._register(identity, message)
+            return
+        link = self._by_identity.get(identity)
+        if link is None:  # a worker already declared dead; whatever it still says is moot
+            return
+        link.last_seen, link.last_seen_wall = time.monotonic(), time.time()
+        match message:
+            case p.Heartbeat():
+                pass
+            case p.Started() | p.Tokens() | p.Finished():
+                stream = self._streams.get(message.request_id)
+                if stream:
+                    stream[1].put_nowait(message)
+                    if isinstance(message, p.Finished):
+                        del self._streams[message.request_id]
+            case p.Error(request_id=request_id):
+                error = EngineError.from_error(message)
+                if request_id in self._streams:
+                    self._streams.pop(request_id)[1].put_nowait(error)
+                elif request_id in self._calls and not self._calls[request_id][1].done():
+                    self._calls[request_id][1].set_exception(error)
+                else:
+                    logger.warning("worker %s: %s: %s", link.device, message.type, message.message)
+            case _:
+                call = self._calls.get(message.request_id)
+                if call and not call[1].done():
+                    call[1].set_result(message)
+
+    def _register(self, identity: bytes, ready: p.Ready) -> None:
+        old = self._workers.get(ready.device)
+        if old is not None and old.identity != identity:
+            self.worker_lost(ready.device, "replaced by a new worker")
+        now = time.monotonic(), time.time()
+        link = WorkerLink(ready.device, identity, ready.pid, ready.cuda_devices, *now)
+        self._workers[ready.device] = link
+        self._by_identity[identity] = link
+        for future in self._ready_waiters.pop(ready.device, []):
+            if not future.done():
+                future.set_result(link)
+
+
+_installed: EngineClient | None = None
+
+
+def install_client(client: EngineClient | None) -> None:
+    """Makes `client` the one `get_client()` returns (the serve command installs the supervisor's client)."""
+    global _installed
+    _installed = client
+
+
+def get_client() -> EngineClient:
+    """The process's engine client; EngineError (503) when the engine is not running."""
+    if _installed is None:
+        raise EngineError("the inference engine is not running", type="server_error", status=503)
+    return _installed
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,231 @@
+"""Loading and unloading models in the running server: the engine call, the catalogue and instance rows, the
+router's records. The operator routes, the on-demand load of /v1 and `serve`'s autoload all come here.
+
+A load is checked before anything changes (path, device, name, memory admission), then run on the worker, and only
+a load that succeeded is written: one transaction updates the catalogue row (when the load is an operator's) and
+creates the instance row. A refused or failed load therefore leaves the catalogue and the instances as they were.
+An unload drains the model's generations first, for up to PANTHEON_UNLOAD_DRAIN_TIMEOUT_S; generations still
+running then are ended with an error, and the unload completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inference.api.model_rows import admin_model_row
+from inference.api.refusals import as_api_error
+from inference.engine.contract import messages as p
+from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
+from inference.runtime.engine_client import EngineError
+from inference.runtime.host_probe import dies_visible
+from inference.runtime.router import LoadOptions, ModelRouter, ServedModel
+from inference.services.checkpoints import CheckpointInfo, inspect_checkpoint
+from pantheon_site.errors import LoadFailed, UnloadFailed
+
+logger = logging.getLogger("pantheon.models")
+
+
+@dataclass(slots=True)
+class LoadRequest:
+    """What to load: a checkpoint path, the served name (default: the file or directory name), where, and how."""
+
+    path: str
+    name: str = ""
+    device: str = ""  # "" : a GPU worker with the fewest models, else cpu
+    dies: list[int] = field(default_factory=list)
+    options: LoadOptions = field(default_factory=LoadOptions)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> LoadRequest:
+        """From LoadModelSerializer's validated data."""
+        options = LoadOptions(
+            ctx_cap=body.get("ctx_cap", 0),
+            max_sessions=body.get("max_sessions", 0),
+            max_concurrent=body.get("max_concurrent", 0),
+            reasoning_budget=body.get("reasoning_budget", 0),
+            quantize=body.get("quantize", False),
+            dtype=body.get("dtype", ""),
+        )
+        return cls(body["path"], body.get("name", ""), body.get("device", ""), list(body.get("dies") or []), options)
+
+    @classmethod
+    def from_catalog(cls, model: CatalogModel) -> LoadRequest:
+        return cls(model.path, model.name, model.device, [], LoadOptions(**model.load_options()))
+
+
+async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: bool = True) -> dict[str, Any]:
+    """Loads `request` and returns its /admin/models row. `operator`: the load is an operator's, so its path and
+    options become the catalogue's defaults for that name and `serve` loads it again at start; a load from the
+    catalogue (on demand, at start) leaves the row as it is. Raises LoadFailed (400, 404, 409, 507, 500)."""
+    info = await asyncio.to_thread(inspect_checkpoint, request.path)
+    name = request.name or info.default_name
+    placement = router.placements().get(name)
+    if placement is not None:
+        state = "loaded" if placement.state == "ready" else placement.state
+        raise LoadFailed(f"model {name!r} is already {state}", status=409, reason="already_loaded")
+    return await router.run_load(name, lambda: _load(router, request, info, name, operator))
+
+
+async def _load(
+    router: ModelRouter, request: LoadRequest, info: CheckpointInfo, name: str, operator: bool
+) -> dict[str, Any]:
+    """The load itself, as the one load of `name` in progress: place, admit, load on the worker, record."""
+    client = router.client
+    device = _resolve_device(router, request)
+    await _admit(router, device, info)
+    options = request.options
+    max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
+    try:
+        loaded = await client.load(
+            name, info.path, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S, quantize=options.quantize,
+            dtype=options.dtype or None, max_context=options.ctx_cap, max_concurrent=max_concurrent,
+            queue_depth=settings.PANTHEON_QUEUE_DEPTH, queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
+            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK, min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
+        )  # fmt: skip
+    except EngineError as exc:
+        raise _as_load_failure(exc) from exc
+    except TimeoutError:
+        raise LoadFailed(f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s",
+                         reason="load_timeout") from None  # fmt: skip
+    try:
+        instance_id = await sync_to_async(_record_load)(name, info, request, loaded, max_concurrent, operator)
+    except Exception as exc:
+        logger.exception("recording the load of %s failed; unloading it again", name)
+        await client.unload(name, drain_timeout=0)
+        raise LoadFailed(f"the load of {name!r} could not be recorded: {exc}", reason="record_failed") from exc
+    router.served[name] = ServedModel(name, instance_id, info.path, loaded.device, options)
+    router.catalog_names = router.catalog_names | {name}
+    return admin_model_row(router.placements()[name], router.served[name])
+
+
+def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
+    """`dies` (CUDA ordinals, spec) or `device`; refuses dies on a host without any (400 load_failed)."""
+    workers = router.client.workers()
+    device = request.device
+    if request.dies:
+        visible = dies_visible(router.client)
+        if visible == 0:
+            raise LoadFailed("dies were named but this server sees no CUDA device; omit dies to load on the CPU",
+                             status=400, reason="no_dies")  # fmt: skip
+        if len(request.dies) > 1:
+            raise LoadFailed("a model is placed on one die; name a single die", status=400, reason="multi_die")
+        if request.dies[0] >= visible:
+            raise LoadFailed(f"die {request.dies[0]} is not visible (this server sees dies 0..{visible - 1})",
+                             status=400, reason="die_not_visible")  # fmt: skip
+        device = f"cuda:{request.dies[0]}"
+    if not device:
+        counts = {d: 0 for d in workers if d.startswith("cuda")}
+        for placement in router.placements().values():
+            if placement.device in counts:
+                counts[placement.device] += 1
+        device = min(counts, key=counts.get) if counts else "cpu"
+    if device not in workers:
+        raise LoadFailed(f"no worker runs on device {device!r}", status=400, reason="no_worker")
+    return device
+
+
+async def _admit(router: ModelRouter, device: str, info: CheckpointInfo) -> None:
+    """Refuses (507) a checkpoint larger on disk than the device's free memory: it cannot fit once loaded."""
+    statuses = await router.client.status()
+    status = next((s for s in statuses if s.device == device), None)
+    if status is None:
+        return
+    free = status.memory_total - status.memory_used
+    if info.size_bytes > free:
+        raise LoadFailed(f"admission refused: the weights take {info.size_bytes} bytes and {device} has {free} free",
+                         status=507, reason="admission")  # fmt: skip
+
+
+def _as_load_failure(exc: EngineError) -> LoadFailed:
+    error = as_api_error(exc)
+    if isinstance(error, LoadFailed):
+        return error
+    return LoadFailed(exc.message, status=500 if exc.status < 400 or exc.status >= 500 else exc.status,
+                      reason=exc.type)  # fmt: skip
+
+
+def _record_load(
+    name: str, info: CheckpointInfo, request: LoadRequest, loaded: p.Loaded, max_concurrent: int, operator: bool
+) -> int:
+    options = request.options
+    with transaction.atomic():
+        if operator:
+            catalog, _ = CatalogModel.objects.update_or_create(
+                name=name,
+                defaults={"path": info.path, "format": info.format, "architecture": loaded.architecture[:64],
+                          "size_bytes": info.size_bytes, "autoload": True,
+                          "device": loaded.device if request.device or request.dies else "",
+                          **options.as_dict()},
+            )  # fmt: skip
+        else:
+            catalog = CatalogModel.objects.get(name=name)
+        ModelInstance.objects.filter(served_name=name, state=InstanceState.FAILED).delete()
+        instance = ModelInstance.objects.create(
+            catalog=catalog,
+            served_name=name,
+            worker=Worker.objects.filter(device=loaded.device).first(),
+            device=loaded.device,
+            state=InstanceState.READY,
+            load_options=options.as_dict(),
+            memory_bytes=loaded.weight_bytes + loaded.kv_bytes,
+            max_sessions=options.max_sessions or loaded.max_concurrent,
+            max_concurrent=loaded.max_concurrent,
+            max_concurrent_configured=max_concurrent,
+            context_window=loaded.context_window,
+            context_window_configured=loaded.context_window_configured or options.ctx_cap or loaded.context_window,
+            loaded_at=timezone.now(),
+        )
+    return instance.pk
+
+
+async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: int | None = None) -> dict[str, Any]:
+    """Unloads a model by served name or instance id, draining its generations first. Raises UnloadFailed
+    (404 not loaded, 409 already unloading or still loading, 500)."""
+    if instance_id is not None:
+        served = router.by_instance_id(instance_id)
+        if served is None or (name and served.name != name):
+            raise UnloadFailed(f"no loaded instance has id {instance_id}", status=404, reason="unknown_instance")
+        name = served.name
+    placement = router.placements().get(name)
+    if placement is None:
+        raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
+    if placement.state in ("loading", "unloading") or router.is_loading(name):
+        raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
+    served = router.served.get(name)
+    await sync_to_async(_set_instance_state)(served, InstanceState.UNLOADING)
+    try:
+        reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
+    except EngineError as exc:
+        await sync_to_async(_set_instance_state)(served, InstanceState.READY)
+        error = as_api_error(exc)
+        if not isinstance(error, UnloadFailed):
+            error = UnloadFailed(exc.message, reason=exc.type)
+        raise error from exc
+    router.served.pop(name, None)
+    await sync_to_async(_record_unload)(name, served)
+    result: dict[str, Any] = {"unloaded": name}
+    if served is not None:
+        result["instance_id"] = served.instance_id
+    result["aborted"] = reply.aborted
+    return result
+
+
+def _set_instance_state(served: ServedModel | None, state: str) -> None:
+    if served is not None:
+        ModelInstance.objects.filter(pk=served.instance_id).update(state=state)
+
+
+def _record_unload(name: str, served: ServedModel | None) -> None:
+    """The instance is gone, and the catalogue no longer asks `serve` to load the model at start."""
+    with transaction.atomic():
+        if served is not None:
+            ModelInstance.objects.filter(pk=served.instance_id).delete()
+        CatalogModel.objects.filter(name=name).update(autoload=False)
