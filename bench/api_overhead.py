@@ -23,19 +23,21 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from inference.engine import protocol as p  # noqa: E402
+from inference.engine.contract import messages as p  # noqa: E402
+from inference.engine.contract.params import SamplingParams  # noqa: E402
 from inference.engine.hosted_model import HostedModel  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 
 
 def engine_latencies(model_path: str, requests: int) -> list[float]:
-    hosted = HostedModel.load(p.Load("bench", "bench", model_path), "cpu")
+    hosted = HostedModel.load(p.Load(request_id="bench", name="bench", path=model_path), "cpu")
     latencies = []
     for i in range(requests):
         start = time.perf_counter()
-        seq = hosted.sequence_for(
-            p.Submit(f"r{i}", "bench", messages=MESSAGES, sampling={"temperature": 0}, max_tokens=1)
+        greedy = SamplingParams(temperature=0)
+        seq = hosted.prepare(
+            p.Submit(request_id=f"r{i}", model="bench", messages=MESSAGES, sampling=greedy, max_tokens=1)
         )
         hosted.scheduler.add(seq)
         while not any(isinstance(m, p.Finished) for m in hosted.scheduler.step()):

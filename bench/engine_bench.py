@@ -40,7 +40,7 @@ def copy_bandwidth_gbs(nbytes: int = 512 * 2**20, repeats: int = 10) -> float:
 
 
 def bench_model(path: Path, label: str) -> list[dict]:
-    loaded = load_model(path, max_slots=max(BATCHES), max_context=PROMPT_TOKENS + DECODE_STEPS + 8)
+    loaded = load_model(path, max_concurrent=max(BATCHES), context_window=PROMPT_TOKENS + DECODE_STEPS + 8)
     runner = loaded.runner
     vocab = loaded.config.vocab_size
     gen = torch.Generator().manual_seed(0)

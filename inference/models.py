@@ -4,7 +4,51 @@ The database is the durable mirror of serving state — what to load at start, w
 what operators see. The request hot path never reads it: routing uses the supervisor's in-memory registry.
 """
 
+import msgspec
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from inference.engine.contract.params import LoadOptions
+
+
+class LoadOptionsField(models.JSONField):
+    """A load's options as one JSON object, read and written as the contract's LoadOptions: a value is validated by
+    the struct on the way in (ValidationError naming the field) and comes back a LoadOptions, so the rows, the
+    route, the command and the worker share one schema. A row written before an option existed gets its default.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("default", LoadOptions)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        if kwargs.get("default") is LoadOptions:
+            del kwargs["default"]
+        return name, path, args, kwargs
+
+    def to_python(self, value):
+        if value is None or isinstance(value, LoadOptions):
+            return value
+        try:
+            return msgspec.convert(value, LoadOptions)
+        except msgspec.ValidationError as exc:
+            raise ValidationError(f"invalid load options: {exc}", code="invalid") from None
+
+    def from_db_value(self, value, expression, connection):
+        value = super().from_db_value(value, expression, connection)
+        return self.to_python(value) if isinstance(value, dict) else value  # a key lookup's value stays as it is
+
+    def get_prep_value(self, value):
+        if isinstance(value, LoadOptions | dict):
+            value = msgspec.to_builtins(self.to_python(value))
+        return super().get_prep_value(value)
+
+    def validate(self, value, model_instance):
+        super().validate(self.get_prep_value(value), model_instance)
+
+    def value_to_string(self, obj):
+        return self.get_prep_value(self.value_from_object(obj))
 
 
 class ModelFormat(models.TextChoices):
@@ -17,10 +61,9 @@ class ModelFormat(models.TextChoices):
 class CatalogModel(models.Model):
     """A model Pantheon knows how to load: where its weights are, and the options a load uses unless told otherwise.
 
-    `name` is the served id clients route on. A 0 in ctx_cap, max_sessions, max_concurrent or reasoning_budget means
-    "the engine's default" (for reasoning_budget: unbounded), as on the spec's load route. An empty dtype or device
-    means automatic (float32 on CPU, bfloat16 on CUDA; the first free device). `autoload` rows are loaded by `serve`
-    at start.
+    `name` is the served id clients route on. `load_options` are the options a load of it uses (LoadOptions: the
+    spec's load route's fields, 0 meaning the engine's default). An empty device means automatic (the first free
+    one). `autoload` rows are loaded by `serve` at start.
     """
 
     name = models.CharField(max_length=200, unique=True)
@@ -28,12 +71,7 @@ class CatalogModel(models.Model):
     format = models.CharField(max_length=8, choices=ModelFormat.choices)
     architecture = models.CharField(max_length=64, blank=True)
     size_bytes = models.BigIntegerField(default=0, help_text="bytes of the weight files on disk")
-    ctx_cap = models.PositiveIntegerField(default=0)
-    max_sessions = models.PositiveIntegerField(default=0)
-    max_concurrent = models.PositiveIntegerField(default=0)
-    reasoning_budget = models.PositiveIntegerField(default=0)
-    quantize = models.BooleanField(default=False, help_text="int8-quantize the linear layers at load")
-    dtype = models.CharField(max_length=16, blank=True)
+    load_options = LoadOptionsField()
     device = models.CharField(max_length=32, blank=True)
     autoload = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -44,17 +82,6 @@ class CatalogModel(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def load_options(self) -> dict:
-        """The catalogue's defaults as the load options a worker receives (a load request may override each)."""
-        return {
-            "ctx_cap": self.ctx_cap,
-            "max_sessions": self.max_sessions,
-            "max_concurrent": self.max_concurrent,
-            "reasoning_budget": self.reasoning_budget,
-            "quantize": self.quantize,
-            "dtype": self.dtype,
-        }
 
 
 class WorkerState(models.TextChoices):
@@ -112,7 +139,7 @@ class ModelInstance(models.Model):
     worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="instances")
     device = models.CharField(max_length=32)
     state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.LOADING)
-    load_options = models.JSONField(default=dict, blank=True)
+    load_options = LoadOptionsField()
     memory_bytes = models.BigIntegerField(default=0)
     max_sessions = models.PositiveIntegerField(null=True, blank=True)
     max_concurrent = models.PositiveIntegerField(null=True, blank=True)

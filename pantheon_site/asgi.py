@@ -1,4 +1,5 @@
-"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app, inside CORS."""
+"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app, inside the body
+limit, inside CORS."""
 
 import os
 
@@ -11,9 +12,11 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
+from pantheon_site.body_limit import BodyLimitMiddleware  # noqa: E402
 from pantheon_site.cors import CorsMiddleware  # noqa: E402
 
 # Streaming chat completions are a plain async Django view (StreamingHttpResponse): Django's ASGI handler cancels the
 # response on a client disconnect, which aborts the generation (inference/completions.py). Consumers for routes that
 # need Channels (/session/watch) go in a URLRouter placed in front of django_asgi_app under "http".
-application = CorsMiddleware(ProtocolTypeRouter({"http": django_asgi_app}))
+# A body over PANTHEON_MAX_BODY_BYTES is refused (413) inside CORS, before routing reads it.
+application = CorsMiddleware(BodyLimitMiddleware(ProtocolTypeRouter({"http": django_asgi_app})))

@@ -1,14 +1,17 @@
 """Writing the audit log: one AuditEvent row (and one `pantheon.audit` log line) per operator-visible action.
 
-`audit_request` / `aaudit_request` are what an operator route calls, exactly once per call, with the error it is
-answering with (if any); `require_role` (pantheon_site/auth.py) already audits the refusals it raises.
-`record_audit_event` / `arecord_audit_event` are the general form (commands, the supervisor's crash records).
+`AuditedCall` writes the one event of a call that runs (an operator route, a `manage.py` command, a load the
+control plane starts itself): accepted, or refused with the error it raised. `audit_request` / `aaudit_request`
+write the refused event of a route call turned away before it ran (`require_role`, pantheon_site/auth.py).
+`record_audit_event` / `arecord_audit_event` are the general form (the supervisor's crash records).
 """
+
+from __future__ import annotations
 
 import logging
 import time
 
-from pantheon_site.errors import PantheonError
+from pantheon_site.errors import PantheonError, ServerError, as_pantheon_error
 from pantheon_site.models import AccessToken, AuditEvent, Outcome
 
 logger = logging.getLogger("pantheon.audit")
@@ -82,51 +85,90 @@ async def arecord_audit_event(operation: str, outcome: str, **fields) -> AuditEv
     return event
 
 
-def _request_event(request, token, error, started, model, details) -> tuple[str, dict]:
-    """The outcome and fields of a route call's event: refused when `error` is given, else accepted."""
-    outcome = Outcome.REFUSED if error is not None else Outcome.ACCEPTED
-    return outcome, {"model": model, "details": details, **_request_fields(request, token, error, started)}
-
-
-def _request_fields(request, token: AccessToken | None, error: PantheonError | None, started: float | None) -> dict:
+def request_actor(request, token: AccessToken | None = None) -> dict:
+    """Who made a route call and from where, as an event's fields: the token's label (anonymous without one), the
+    request id the middleware set, the client's address."""
     return {
         "actor_kind": "token" if token is not None else "anonymous",
         "actor_label": token.label if token is not None else "",
-        "error": error,
         "request_id": getattr(request, "request_id", ""),
         "client_address": request.META.get("REMOTE_ADDR", "") or "",
-        "duration_ms": (time.monotonic() - started) * 1000.0 if started is not None else None,
     }
 
 
 def audit_request(
-    request,
-    operation: str,
-    *,
-    token: AccessToken | None = None,
-    error: PantheonError | None = None,
-    model: str = "",
-    started: float | None = None,
-    details: dict | None = None,
+    request, operation: str, *, error: PantheonError, token: AccessToken | None = None, started: float | None = None
 ) -> AuditEvent:
-    """The audit event of one route call: refused when `error` is given, else accepted.
-
-    `started` is a time.monotonic() taken when the call began; the event then records its duration.
-    """
-    outcome, fields = _request_event(request, token, error, started, model, details)
-    return record_audit_event(operation, outcome, **fields)
+    """The refused event of a route call turned away before it ran (its token or credential; see
+    pantheon_site/auth.py). `started` is a time.monotonic() taken when the call began, for the event's duration."""
+    return record_audit_event(operation, Outcome.REFUSED, **_refusal_fields(request, error, token, started))
 
 
 async def aaudit_request(
-    request,
-    operation: str,
-    *,
-    token: AccessToken | None = None,
-    error: PantheonError | None = None,
-    model: str = "",
-    started: float | None = None,
-    details: dict | None = None,
+    request, operation: str, *, error: PantheonError, token: AccessToken | None = None, started: float | None = None
 ) -> AuditEvent:
     """audit_request for async views."""
-    outcome, fields = _request_event(request, token, error, started, model, details)
-    return await arecord_audit_event(operation, outcome, **fields)
+    return await arecord_audit_event(operation, Outcome.REFUSED, **_refusal_fields(request, error, token, started))
+
+
+def _refusal_fields(request, error: PantheonError, token: AccessToken | None, started: float | None) -> dict:
+    duration_ms = (time.monotonic() - started) * 1000.0 if started is not None else None
+    return {**request_actor(request, token), "error": error, "duration_ms": duration_ms}
+
+
+def refusal_error(exc: Exception) -> PantheonError:
+    """The error an audited call that raised `exc` was refused with: its PantheonError (DRF's exceptions mapped by
+    as_pantheon_error), else a server_error whose reason names the exception's class."""
+    return as_pantheon_error(exc) or ServerError(str(exc) or None, reason=type(exc).__name__)
+
+
+class AuditedCall:
+    """One call's audit event, written when the call ends: refused with `refusal_error` of what it raised, else
+    accepted, either way with its duration from `started` (default: now). The one wrapper behind the operator
+    routes, `manage.py` commands and the control plane's own loads: `with` in sync code, `async with` in async code.
+
+    While the call runs it may say what it acted on (`model`, `details`), and set `audited_elsewhere` when another
+    process audits it instead (the server a command forwarded the call to). A call without an operation (a
+    read-only command) writes nothing, and neither does one that ends with a BaseException that is not an Exception
+    (cancelled, interrupted): it was neither accepted nor refused.
+    """
+
+    def __init__(self, operation: str | None, *, model: str = "", started: float | None = None, **actor):
+        self.operation = operation
+        self.model = model
+        self.details: dict | None = None
+        self.audited_elsewhere = False
+        self.started = time.monotonic() if started is None else started
+        self._actor = actor  # actor_kind, actor_label, request_id, client_address
+
+    def _event(self, exc: BaseException | None) -> tuple[str, dict] | None:
+        """The outcome and fields of this call's event, or None when it writes none."""
+        if self.operation is None or self.audited_elsewhere or (exc is not None and not isinstance(exc, Exception)):
+            return None
+        fields = {
+            **self._actor,
+            "model": self.model,
+            "details": self.details,
+            "duration_ms": (time.monotonic() - self.started) * 1000.0,
+        }
+        if exc is None:
+            return Outcome.ACCEPTED, fields
+        return Outcome.REFUSED, {**fields, "error": refusal_error(exc)}
+
+    def __enter__(self) -> AuditedCall:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        event = self._event(exc)
+        if event is not None:
+            outcome, fields = event
+            record_audit_event(self.operation, outcome, **fields)
+
+    async def __aenter__(self) -> AuditedCall:
+        return self
+
+    async def __aexit__(self, exc_type, exc, traceback) -> None:
+        event = self._event(exc)
+        if event is not None:
+            outcome, fields = event
+            await arecord_audit_event(self.operation, outcome, **fields)

@@ -2,18 +2,18 @@
 
 A missing, malformed, unknown, revoked or expired token is 401 Unauthorized (WWW-Authenticate: Bearer); a valid
 token of a role the route does not admit is 403 Forbidden. Every refusal raised here is audited before it is raised,
-so a route that lets it propagate has written its one audit event. `operator_route` goes further: it also audits the
-accepted call (or the error the view raised), so a view decorated with it writes no audit code at all.
+so a route that lets it propagate has written its one audit event. `operator_route` goes further: it runs the view as
+one AuditedCall (pantheon_site/audit.py), which audits the accepted call or the error the view raised, so a view
+decorated with it writes no audit code at all.
 """
 
 import functools
 import time
 
-from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 
-from pantheon_site.audit import aaudit_request, audit_request
-from pantheon_site.errors import Forbidden, PantheonError, ServerError, Unauthorized, as_pantheon_error
+from pantheon_site.audit import AuditedCall, aaudit_request, audit_request, request_actor
+from pantheon_site.errors import Forbidden, PantheonError, Unauthorized
 from pantheon_site.models import AccessToken, Role
 from pantheon_site.tokens import aauthenticate_token, authenticate_token
 
@@ -69,52 +69,27 @@ async def arequire_client_token(request, *, operation: str) -> AccessToken | Non
 
 
 def operator_route(operation: str, roles: tuple[str, ...] = (Role.OPERATOR,)):
-    """Decorator for a sync or async view: checks the token, sets `request.access_token`, and writes one audit event
-    for the call — refused with the PantheonError the view raised, else accepted. A view that knows which model it
-    acted on sets `request.audit_model` (and optionally `request.audit_details`, a dict) before returning or raising.
-    """
+    """Decorator for an async view: checks the token, sets `request.access_token`, and runs the view as one
+    AuditedCall (`request.audit`), so the call writes one audit event — refused with the error the view raised, else
+    accepted. A view that knows which model it acted on sets `request.audit.model` (and optionally
+    `request.audit.details`, a dict) before returning or raising."""
 
     def decorate(view):
-        def audit_fields(request, started):
-            return {
-                "model": getattr(request, "audit_model", ""),
-                "details": getattr(request, "audit_details", None),
-                "started": started,
-            }
-
-        if iscoroutinefunction(view):
-
-            @functools.wraps(view)
-            async def async_wrapper(request, *args, **kwargs):
-                started = time.monotonic()
-                request.access_token = await arequire_role(request, *roles, operation=operation)
-                try:
-                    response = await view(request, *args, **kwargs)
-                except Exception as exc:
-                    error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
-                    fields = audit_fields(request, started)
-                    await aaudit_request(request, operation, token=request.access_token, error=error, **fields)
-                    raise
-                await aaudit_request(request, operation, token=request.access_token, **audit_fields(request, started))
-                return response
-
-            return async_wrapper
-
         @functools.wraps(view)
-        def sync_wrapper(request, *args, **kwargs):
+        async def wrapper(request, *args, **kwargs):
             started = time.monotonic()
-            request.access_token = require_role(request, *roles, operation=operation)
-            try:
-                response = view(request, *args, **kwargs)
-            except Exception as exc:
-                error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
-                audit_request(
-                    request, operation, token=request.access_token, error=error, **audit_fields(request, started)
-                )
-                raise
-            audit_request(request, operation, token=request.access_token, **audit_fields(request, started))
-            return response
+            request.access_token = await arequire_role(request, *roles, operation=operation)
+            actor = request_actor(request, request.access_token)
+            return await run_audited_view(view, request, args, kwargs, operation, started=started, **actor)
 
-        return sync_wrapper
+        return wrapper
 
     return decorate
+
+
+async def run_audited_view(view, request, args, kwargs, operation: str, *, started: float, **actor):
+    """Runs an async view as one AuditedCall by `actor` (its fields: actor_kind, actor_label, request_id,
+    client_address), set as `request.audit` for the view to name what it acted on."""
+    async with AuditedCall(operation, started=started, **actor) as call:
+        request.audit = call
+        return await view(request, *args, **kwargs)

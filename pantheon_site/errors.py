@@ -45,6 +45,12 @@ class InvalidRequest(PantheonError):
     status, type, default_message = 400, "invalid_request_error", "invalid request"
 
 
+class RequestTooLarge(PantheonError):
+    """413: the body is larger than PANTHEON_MAX_BODY_BYTES; refused before it is read (pantheon_site/body_limit.py)."""
+
+    status, type, default_message = 413, "invalid_request_error", "the request body is too large"
+
+
 class NotFound(PantheonError):
     """404 for any path (or method) the spec does not list."""
 
@@ -119,6 +125,13 @@ class ServerShuttingDown(_RetryableError):
 
     status, type, default_message = 503, "server_shutting_down", "server is shutting down"
     default_retry_after = 1
+
+
+class ModelReloading(_RetryableError):
+    """503: the model's worker crashed and the model is being loaded again; retry after Retry-After. Not in the
+    spec's table (docs/api/choices.md): a client should wait, not give up as on a 500."""
+
+    status, type, default_message = 503, "model_reloading", "the model is being reloaded after a worker crash"
 
 
 class ServerError(PantheonError):

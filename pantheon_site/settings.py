@@ -117,8 +117,10 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 USE_I18N = False
 
-# Chat prompts and session blobs can be large; the spec sets no limit of its own.
-DATA_UPLOAD_MAX_MEMORY_SIZE = _env_int("PANTHEON_MAX_BODY_BYTES", 64 * 1024 * 1024)
+# Chat prompts and session blobs can be large; the spec sets no limit of its own. A body over this is refused with
+# 413 before the application reads it (pantheon_site/body_limit.py); Django's own check is kept at the same size.
+PANTHEON_MAX_BODY_BYTES = _env_int("PANTHEON_MAX_BODY_BYTES", 64 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = PANTHEON_MAX_BODY_BYTES
 
 # --- Channels, Celery ---------------------------------------------------------------------------------------------
 
@@ -188,5 +190,12 @@ PANTHEON_WORKER_RESTART_BACKOFF_MAX_S = _env_float("PANTHEON_WORKER_RESTART_BACK
 PANTHEON_WORKER_START_TIMEOUT_S = _env_float("PANTHEON_WORKER_START_TIMEOUT_S", 60.0)
 PANTHEON_WORKER_HEARTBEAT_INTERVAL_S = _env_float("PANTHEON_WORKER_HEARTBEAT_INTERVAL_S", 1.0)
 PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S = _env_float("PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S", 10.0)
+# Retry-After seconds of each retryable refusal: queue full, queue wait over, memory pressure, shutting down, a model
+# being reloaded after its worker crashed (the spec's values where it gives one).
+PANTHEON_RETRY_AFTER_BUSY_S = _env_float("PANTHEON_RETRY_AFTER_BUSY_S", 5.0)
+PANTHEON_RETRY_AFTER_QUEUE_TIMEOUT_S = _env_float("PANTHEON_RETRY_AFTER_QUEUE_TIMEOUT_S", 2.0)
+PANTHEON_RETRY_AFTER_MEMORY_S = _env_float("PANTHEON_RETRY_AFTER_MEMORY_S", 5.0)
+PANTHEON_RETRY_AFTER_SHUTDOWN_S = _env_float("PANTHEON_RETRY_AFTER_SHUTDOWN_S", 1.0)
+PANTHEON_RETRY_AFTER_RELOAD_S = _env_float("PANTHEON_RETRY_AFTER_RELOAD_S", 5.0)
 # How long a load may take in the worker before the control plane reports load_failed.
 PANTHEON_LOAD_TIMEOUT_S = _env_float("PANTHEON_LOAD_TIMEOUT_S", 600.0)

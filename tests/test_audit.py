@@ -1,13 +1,18 @@
 """The audit log: append-only rows, and one event for every state-changing command (none for read-only ones)."""
 
+import asyncio
 import getpass
 from io import StringIO
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.management import CommandError, call_command
+from django.db import close_old_connections
+from rest_framework import exceptions as drf
 
-from pantheon_site.audit import record_audit_event
+from pantheon_site.audit import AuditedCall, record_audit_event
 from pantheon_site.errors import ServerBusy
+from pantheon_site.management.base import PantheonCommand
 from pantheon_site.models import AppendOnlyError, AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +102,67 @@ def test_read_only_commands_write_nothing():
     for name in ["list_tokens", "audit", "list_models", "devices"]:
         call_command(name, stdout=StringIO())
     assert not AuditEvent.objects.exists()
+
+
+def fields_of(event) -> tuple:
+    return (event.operation, event.outcome, event.error_type, event.reason, event.actor_kind, event.model)
+
+
+def test_an_audited_call_records_what_it_acted_on_once_it_ends():
+    with AuditedCall("model_load", model="asked-for", actor_kind="cli", actor_label="ops") as call:
+        call.model, call.details = "loaded", {"device": "cpu"}
+        assert not AuditEvent.objects.exists()  # written when the call ends, with what it learned meanwhile
+    event = AuditEvent.objects.get()
+    assert fields_of(event) == ("model_load", "accepted", "", "", "cli", "loaded")
+    assert event.details == {"device": "cpu"} and event.actor_label == "ops" and event.duration_ms >= 0
+
+
+@pytest.mark.parametrize(
+    ("raised", "error_type", "reason"),
+    [
+        (ServerBusy("busy", reason="queue_full"), "server_busy", "queue_full"),
+        (drf.ValidationError({"path": ["This field is required."]}), "invalid_request_error", "validation"),
+        (KeyError("path"), "server_error", "KeyError"),
+    ],
+)
+def test_an_audited_call_that_raises_is_refused_with_the_mapped_error(raised, error_type, reason):
+    with pytest.raises(type(raised)), AuditedCall("model_load", model="m", actor_kind="system"):
+        raise raised
+    assert fields_of(AuditEvent.objects.get()) == ("model_load", "refused", error_type, reason, "system", "m")
+
+
+def test_calls_that_write_no_event():
+    with pytest.raises(KeyboardInterrupt), AuditedCall("model_load", actor_kind="cli"):
+        raise KeyboardInterrupt  # interrupted: neither accepted nor refused
+    with AuditedCall("model_load", actor_kind="cli") as call:
+        call.audited_elsewhere = True  # e.g. the server a command forwarded the call to
+    with AuditedCall(None, actor_kind="cli"):  # a read-only command
+        pass
+    assert not AuditEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_async_audited_call_writes_the_same_events_and_none_when_cancelled():
+    async with AuditedCall("model_unload", model="m", actor_kind="system"):
+        pass
+    with pytest.raises(asyncio.CancelledError):
+        async with AuditedCall("model_unload", actor_kind="system"):
+            raise asyncio.CancelledError
+    events = [fields_of(e) async for e in AuditEvent.objects.all()]
+    assert events == [("model_unload", "accepted", "", "", "system", "m")]
+    await sync_to_async(close_old_connections)()
+
+
+class FailingCommand(PantheonCommand):
+    operation = "token_create"
+
+    def perform(self, **options):
+        raise CommandError("give a label")
+
+
+def test_a_command_error_is_audited_as_an_invalid_request():
+    with pytest.raises(CommandError, match="give a label"):
+        call_command(FailingCommand(), stdout=StringIO())
+    event = AuditEvent.objects.get()
+    assert fields_of(event) == ("token_create", "refused", "invalid_request_error", "command_error", "cli", "")
+    assert event.details == {"message": "give a label"}

@@ -6,7 +6,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.http import JsonResponse
-from django.test import override_settings
+from django.test import AsyncClient, override_settings
 from django.urls import path
 from django.utils import timezone
 
@@ -18,19 +18,21 @@ from pantheon_site.urls import handler404, handler500  # noqa: F401  (this test 
 
 
 @operator_route("models_load")
-async def async_admin(request):
-    request.audit_model = request.GET.get("model", "")
+async def load_admin(request):
+    request.audit.model = request.GET.get("model", "")
     if request.GET.get("fail"):
         raise LoadFailed("model already loaded", status=409, reason="already_loaded")
+    if request.GET.get("crash"):
+        raise KeyError("path")
     return JsonResponse({"label": request.access_token.label})
 
 
 @operator_route("models_list")
-def sync_admin(request):
+async def list_admin(request):
     return JsonResponse({"label": request.access_token.label})
 
 
-urlpatterns = [path("admin/async", async_admin), path("admin/sync", sync_admin)]
+urlpatterns = [path("admin/load", load_admin), path("admin/list", list_admin)]
 
 # Committed rows (transactional_db), because the async views read them from another thread's connection.
 pytestmark = pytest.mark.urls(__name__)
@@ -62,7 +64,7 @@ def events() -> list[tuple]:
 
 def test_an_operator_token_is_accepted_and_the_call_audited_once(client, secrets_by_role):
     headers = {"Authorization": f"Bearer {secrets_by_role['operator']}", "X-Request-Id": "r-1"}
-    response = client.get("/admin/sync", headers=headers)
+    response = client.get("/admin/list", headers=headers)
     assert response.status_code == 200 and response.json() == {"label": "operator-1"}
     assert events() == [("models_list", "accepted", "", "", "token", "operator-1", "")]
     event = AuditEvent.objects.get()
@@ -78,7 +80,7 @@ def test_an_operator_token_is_accepted_and_the_call_audited_once(client, secrets
     ],
 )
 def test_missing_or_unknown_tokens_are_401_with_www_authenticate(client, secrets_by_role, headers, reason):
-    response = client.get("/admin/sync", headers=headers)
+    response = client.get("/admin/list", headers=headers)
     assert response.status_code == 401
     assert response["WWW-Authenticate"] == "Bearer"
     assert response.json() == {
@@ -90,14 +92,14 @@ def test_missing_or_unknown_tokens_are_401_with_www_authenticate(client, secrets
 def test_revoked_and_expired_tokens_are_401(client, secrets_by_role):
     do_revoke_token("operator-1")
     _, expired = do_create_token("operator", "old", expires_at=timezone.now() - timedelta(minutes=1))
-    assert client.get("/admin/sync", **bearer(secrets_by_role["operator"])).status_code == 401
-    assert client.get("/admin/sync", **bearer(expired)).status_code == 401
+    assert client.get("/admin/list", **bearer(secrets_by_role["operator"])).status_code == 401
+    assert client.get("/admin/list", **bearer(expired)).status_code == 401
     assert [e[3] for e in events()] == ["token_revoked", "token_expired"]
 
 
 @pytest.mark.parametrize("role", ["trainer", "client"])
 def test_other_roles_are_403(client, secrets_by_role, role):
-    response = client.get("/admin/sync", **bearer(secrets_by_role[role]))
+    response = client.get("/admin/list", **bearer(secrets_by_role[role]))
     assert response.status_code == 403
     assert "WWW-Authenticate" not in response
     assert response.json()["error"]["type"] == "forbidden"
@@ -106,17 +108,29 @@ def test_other_roles_are_403(client, secrets_by_role, role):
 
 async def test_async_routes_audit_accepted_and_refused_calls(async_client, secrets_by_role, thread_connections_closed):
     operator = bearer(secrets_by_role["operator"])
-    ok = await async_client.get("/admin/async", {"model": "stories"}, **operator)
+    ok = await async_client.get("/admin/load", {"model": "stories"}, **operator)
     assert ok.status_code == 200
-    refused = await async_client.get("/admin/async", {"model": "stories", "fail": "1"}, **operator)
+    refused = await async_client.get("/admin/load", {"model": "stories", "fail": "1"}, **operator)
     assert refused.status_code == 409 and refused.json()["error"]["type"] == "load_failed"
-    no_token = await async_client.get("/admin/async")
+    no_token = await async_client.get("/admin/load")
     assert no_token.status_code == 401 and no_token["WWW-Authenticate"] == "Bearer"
     assert await sync_to_async(events)() == [
         ("models_load", "accepted", "", "", "token", "operator-1", "stories"),
         ("models_load", "refused", "load_failed", "already_loaded", "token", "operator-1", "stories"),
         ("models_load", "refused", "unauthorized", "token_missing", "anonymous", "", ""),
     ]
+
+
+async def test_a_view_that_crashes_is_audited_as_a_server_error(secrets_by_role, thread_connections_closed):
+    client = AsyncClient(raise_request_exception=False)
+    operator = bearer(secrets_by_role["operator"])
+    response = await client.get("/admin/load", {"model": "stories", "crash": "1"}, **operator)
+    assert response.status_code == 500
+    assert await sync_to_async(events)() == [
+        ("models_load", "refused", "server_error", "KeyError", "token", "operator-1", "stories")
+    ]
+    event = await AuditEvent.objects.aget()
+    assert event.details == {"message": "'path'"} and event.duration_ms >= 0
 
 
 def test_require_role_admits_several_roles(rf, secrets_by_role):

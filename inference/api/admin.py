@@ -1,7 +1,8 @@
 """The operator routes: GET /admin/models, POST /admin/models/load, POST /admin/models/unload, GET /admin/dies.
 
 Each needs an operator token (or the local credential `manage.py` reads from the run file) and writes one audit
-event, accepted or refused (inference/admin_auth.py). The work itself is in inference/model_admin.py.
+event, accepted or refused (inference/api/operator_auth.py); a view names the model it acted on on `request.audit`.
+The work itself is in inference/services/model_lifecycle.py.
 """
 
 from django.http import JsonResponse
@@ -32,10 +33,10 @@ async def list_instances(request):
 @admin_route("model_load")
 async def load(request):
     body = parse_body(LoadModelSerializer, request.body)
-    request.audit_model = body.get("name") or body["path"]
+    request.audit.model = body.get("name") or body["path"]
     row = await do_load_model(get_router(), LoadRequest.from_body(body))
-    request.audit_model = row["id"]
-    request.audit_details = {"path": row["path"], "device": row["device"], "instance_id": row.get("instance_id")}
+    request.audit.model = row["id"]
+    request.audit.details = {"path": row["path"], "device": row["device"], "instance_id": row.get("instance_id")}
     return JsonResponse(row)
 
 
@@ -43,10 +44,10 @@ async def load(request):
 @admin_route("model_unload")
 async def unload(request):
     body = parse_body(UnloadModelSerializer, request.body)
-    request.audit_model = body.get("name", "")
+    request.audit.model = body.get("name", "")
     result = await do_unload_model(get_router(), name=body.get("name", ""), instance_id=body.get("id"))
-    request.audit_model = result["unloaded"]
-    request.audit_details = {k: v for k, v in result.items() if k != "unloaded"}
+    request.audit.model = result["unloaded"]
+    request.audit.details = {k: v for k, v in result.items() if k != "unloaded"}
     return JsonResponse(result)
 
 

@@ -69,13 +69,13 @@ def admin_model_row(
         "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
         "max_sessions": _max_sessions(served, max_concurrent),
         "max_concurrent": max_concurrent,
-        "max_concurrent_configured": placement.load.max_concurrent,  # what the load asked the scheduler for
+        "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for
         "context_window": context_window,
         "context_window_configured": (info.context_window_configured if info else None)
         or (options.ctx_cap if options else None)
         or context_window,
         "reasoning_budget": options.reasoning_budget if options else None,
-        "quantize": options.quantize if options else placement.load.quantize,
+        "quantize": options.quantize if options else placement.load.options.quantize,
         "loaded_at": int(served.loaded_at) if served else None,
     }
     if live is not None:

@@ -21,6 +21,7 @@ from inference.api.methods import only
 from inference.api.model_rows import v1_model_row
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest, parse_chat_request
+from inference.engine.contract.messages import Submit
 from inference.runtime.engine_client import EngineClient, EngineError, Generation
 from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import LOAD_POLICY_HEADER, ModelRouter, get_router
@@ -76,22 +77,20 @@ async def chat_completions(request):
 async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, completion_id: str) -> list[Generation]:
     """Submits one generation per choice, all at once (they decode side by side), and waits for their admission.
     If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all."""
-    results = await asyncio.gather(
-        *(
-            client.generate(
-                model,
-                messages=chat.messages,
-                tools=chat.tools,
-                enable_thinking=chat.enable_thinking,
-                sampling=chat.sampling_for_choice(i),
-                max_tokens=chat.max_tokens,
-                stop=chat.stop,
-                request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
-            )  # fmt: skip
-            for i in range(chat.n)
-        ),
-        return_exceptions=True,
-    )
+    submits = [
+        Submit(
+            request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
+            model=model,
+            messages=chat.messages,
+            tools=chat.tools,
+            enable_thinking=chat.enable_thinking,
+            sampling=chat.sampling_for_choice(i),
+            max_tokens=chat.max_tokens,
+            stop=chat.stop,
+        )
+        for i in range(chat.n)
+    ]
+    results = await asyncio.gather(*(client.generate(submit) for submit in submits), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:
         for generation in results:

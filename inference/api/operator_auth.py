@@ -13,10 +13,9 @@ import re
 import time
 
 from inference.management.run_file import LOCAL_SECRET_PREFIX, secrets_match
-from pantheon_site.audit import aaudit_request, arecord_audit_event
-from pantheon_site.auth import operator_route
-from pantheon_site.errors import ServerError, Unauthorized, as_pantheon_error
-from pantheon_site.models import Outcome
+from pantheon_site.audit import aaudit_request, request_actor
+from pantheon_site.auth import operator_route, run_audited_view
+from pantheon_site.errors import Unauthorized
 
 ACTOR_HEADER = "X-Pantheon-Actor"
 _ACTOR = re.compile(r"[\w.@:+-]{1,100}")
@@ -40,7 +39,7 @@ def _local_secret_of(request) -> str | None:
 
 def admin_route(operation: str):
     """Decorator for an async operator view: operator_route, or the local credential (see the module docstring).
-    The view may set request.audit_model / request.audit_details as with operator_route."""
+    Either way the view runs as one AuditedCall, `request.audit`, on which it may name the model it acted on."""
 
     def decorate(view):
         with_token = operator_route(operation)(view)
@@ -64,27 +63,9 @@ async def _local_call(view, operation: str, secret: str, request, *args, **kwarg
         await aaudit_request(request, operation, error=error, started=started)
         raise error
     actor = request.headers.get(ACTOR_HEADER, "")
-    fields = {
+    actor_fields = {
+        **request_actor(request),
         "actor_kind": "cli",
         "actor_label": actor if _ACTOR.fullmatch(actor) else "",
-        "request_id": getattr(request, "request_id", ""),
-        "client_address": request.META.get("REMOTE_ADDR", "") or "",
     }
-    try:
-        response = await view(request, *args, **kwargs)
-    except Exception as exc:
-        error = as_pantheon_error(exc) or ServerError(reason=type(exc).__name__)
-        await arecord_audit_event(
-            operation, Outcome.REFUSED, error=error, **_outcome_fields(request, started), **fields
-        )
-        raise
-    await arecord_audit_event(operation, Outcome.ACCEPTED, **_outcome_fields(request, started), **fields)
-    return response
-
-
-def _outcome_fields(request, started: float) -> dict:
-    return {
-        "model": getattr(request, "audit_model", ""),
-        "details": getattr(request, "audit_details", None),
-        "duration_ms": (time.monotonic() - started) * 1000.0,
-    }
+    return await run_audited_view(view, request, args, kwargs, operation, started=started, **actor_fields)

@@ -1,19 +1,25 @@
-"""The engine's refusals and failures as the spec's error types, so a route renders them like any other error.
+"""The one table from the engine's reasons to what a client sees: the spec's error type, HTTP status, Retry-After.
 
-The worker already names each refusal with the API's `type` and status (`EngineError`); this only picks the
-exception class that carries that type's headers (Retry-After, kv fields). A type the spec does not list for these
-routes (a worker that died, a model unloaded under a running generation) is a generation failure: 500
-server_error, with the engine's message.
+The worker states why it refused or ended a request (`Reason`, inference/engine/contract/reasons.py); the engine
+client raises that as an `EngineError`. Routes and services call `as_api_error` and raise what it returns, which the
+error middleware renders in the route's envelope. Retry-After values come from settings (PANTHEON_RETRY_AFTER_*),
+never from the worker.
 """
 
 from __future__ import annotations
 
-from inference.runtime.engine_client import EngineError, WorkerDied
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from inference.engine.contract.reasons import Reason
+from inference.runtime.engine_client import EngineError
 from pantheon_site.errors import (
     ContextOverBudget,
     InvalidRequest,
     LoadFailed,
     ModelNotFound,
+    ModelReloading,
     PantheonError,
     ServerBusy,
     ServerError,
@@ -23,26 +29,52 @@ from pantheon_site.errors import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """How a reason reaches the client: its error class, the status where the class takes one (load_failed and
+    unload_failed carry several), and the setting that holds its Retry-After seconds."""
+
+    error: type[PantheonError]
+    status: int | None = None
+    retry_after_setting: str | None = None
+
+
+REFUSALS: dict[Reason, Refusal] = {
+    Reason.BAD_REQUEST: Refusal(InvalidRequest),
+    Reason.PROMPT_TOO_LONG: Refusal(ContextOverBudget),
+    Reason.QUEUE_FULL: Refusal(ServerBusy, retry_after_setting="PANTHEON_RETRY_AFTER_BUSY_S"),
+    Reason.QUEUE_TIMEOUT: Refusal(ServerBusy, retry_after_setting="PANTHEON_RETRY_AFTER_QUEUE_TIMEOUT_S"),
+    Reason.LOW_MEMORY: Refusal(ServerMemoryConstrained, retry_after_setting="PANTHEON_RETRY_AFTER_MEMORY_S"),
+    Reason.MODEL_NOT_LOADED: Refusal(ModelNotFound),
+    Reason.MODEL_UNLOADED: Refusal(ServerError),
+    Reason.SHUTTING_DOWN: Refusal(ServerShuttingDown, retry_after_setting="PANTHEON_RETRY_AFTER_SHUTDOWN_S"),
+    Reason.GENERATION_FAILED: Refusal(ServerError),
+    Reason.INTERNAL: Refusal(ServerError),
+    Reason.WORKER_DIED: Refusal(ServerError),
+    Reason.MODEL_RELOADING: Refusal(ModelReloading, retry_after_setting="PANTHEON_RETRY_AFTER_RELOAD_S"),
+    Reason.ALREADY_LOADED: Refusal(LoadFailed, 409),
+    Reason.CHECKPOINT_NOT_FOUND: Refusal(LoadFailed, 404),
+    Reason.BAD_CHECKPOINT: Refusal(LoadFailed, 400),
+    Reason.NO_WORKER: Refusal(LoadFailed, 400),
+    Reason.OUT_OF_MEMORY: Refusal(LoadFailed, 507),
+    Reason.LOAD_FAILED: Refusal(LoadFailed, 500),
+    Reason.LOAD_TIMEOUT: Refusal(LoadFailed, 500),
+    Reason.UNLOADED_WHILE_LOADING: Refusal(LoadFailed, 500),
+    Reason.NOT_LOADED: Refusal(UnloadFailed, 404),
+    Reason.LOAD_IN_PROGRESS: Refusal(UnloadFailed, 409),
+    Reason.ALREADY_UNLOADING: Refusal(UnloadFailed, 409),
+    Reason.DRAIN_TIMEOUT: Refusal(UnloadFailed, 409),
+}
+
+
 def as_api_error(exc: EngineError) -> PantheonError:
-    """The PantheonError a route answers `exc` with."""
-    reason = exc.type
-    if isinstance(exc, WorkerDied):
-        return ServerError(exc.message, reason="worker_died")
-    match exc.type:
-        case "context_over_budget":
-            return ContextOverBudget(exc.kv_used or 0, exc.kv_cap or 0, exc.message, reason=reason)
-        case "server_busy":
-            return ServerBusy(exc.message, retry_after=exc.retry_after, reason=reason)
-        case "server_memory_constrained":
-            return ServerMemoryConstrained(exc.message, retry_after=exc.retry_after, reason=reason)
-        case "server_shutting_down":
-            return ServerShuttingDown(exc.message, retry_after=exc.retry_after, reason=reason)
-        case "model_not_found":
-            return ModelNotFound(exc.message, reason=reason)
-        case "invalid_request_error":
-            return InvalidRequest(exc.message, reason=reason)
-        case "load_failed":
-            return LoadFailed(exc.message, status=exc.status, reason=reason)
-        case "unload_failed":
-            return UnloadFailed(exc.message, status=exc.status, reason=reason)
-    return ServerError(exc.message, reason=reason)
+    """The PantheonError a route or service answers `exc` with; its audit reason is the engine's reason code."""
+    refusal = REFUSALS[exc.reason]
+    if refusal.error is ContextOverBudget:
+        return ContextOverBudget(exc.kv_used or 0, exc.kv_cap or 0, exc.message, reason=exc.reason.value)
+    extra: dict = {}
+    if refusal.status is not None:
+        extra["status"] = refusal.status
+    if refusal.retry_after_setting is not None:
+        extra["retry_after"] = getattr(settings, refusal.retry_after_setting)
+    return refusal.error(exc.message, reason=exc.reason.value, **extra)

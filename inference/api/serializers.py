@@ -12,39 +12,67 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from rest_framework import serializers
 
+from inference.engine.contract.params import SEED_LIMIT, TOKEN_ID_LIMIT, TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams
 from pantheon_site.errors import InvalidRequest, as_pantheon_error
 
 ROLES = ("system", "user", "assistant", "tool")
 MAX_TOKENS_DEFAULT = 1024
 MAX_TOKENS_NONPOSITIVE = 512  # what max_tokens <= 0 means
 MAX_TOKENS_LIMIT = 1_048_576
-TOP_LOGPROBS_LIMIT = 20
 LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
-SEED_MODULUS = 2**63  # the sampler's seeds are non-negative 63-bit integers
 MAX_DIES = 8
 MAX_CHOICES = 8  # n is capped here; the response then says n_status "capped_to_8"
 
 
+MAX_JSON_DEPTH = 128  # arrays and objects inside one another; real bodies (tool schemas included) stay far below
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; InvalidRequest for an empty body, malformed JSON or a non-object."""
+    """The request body as a JSON object; InvalidRequest for an empty body, malformed JSON, a non-object, or one
+    nested deeper than MAX_JSON_DEPTH (so that nothing after the edge recurses through a hostile depth)."""
     if not raw.strip():
         raise InvalidRequest("the request body is empty", reason="empty_body")
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}", reason="malformed_json") from None
+    except RecursionError:  # nested deeper than the parser's recursion limit
+        raise InvalidRequest(_too_deep_message(), reason="json_too_deep") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object", reason="body_not_object")
+    if _deeper_than(body, MAX_JSON_DEPTH):
+        raise InvalidRequest(_too_deep_message(), reason="json_too_deep")
     return body
+
+
+def _too_deep_message() -> str:
+    return f"the request body is nested more than {MAX_JSON_DEPTH} levels deep"
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` levels in `value` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 def validated(serializer_class: type[serializers.Serializer], body: dict[str, Any]) -> dict[str, Any]:
     """`serializer_class(data=body)`'s validated data, or InvalidRequest naming what is wrong."""
     serializer = serializer_class(data=body)
-    if not serializer.is_valid():
+    try:
+        valid = serializer.is_valid()
+    except RecursionError:  # a field that recurses through a value (JSONField re-encodes it) on a hostile depth
+        raise InvalidRequest(_too_deep_message(), reason="json_too_deep") from None
+    if not valid:
         raise as_pantheon_error(serializers.ValidationError(serializer.errors))
     return serializer.validated_data
 
@@ -96,7 +124,8 @@ class StopField(serializers.Field):
 
 
 class LogitBiasField(serializers.Field):
-    """`logit_bias`: {"<token id>": bias}. Biases are clamped to [-100, 100]; non-numeric keys or values are skipped."""
+    """`logit_bias`: {"<token id>": bias}. Biases are clamped to [-100, 100]; keys that are not token ids and
+    non-numeric values are skipped."""
 
     def __init__(self, **kwargs):
         super().__init__(required=False, allow_null=True, default=dict, **kwargs)
@@ -116,6 +145,8 @@ class LogitBiasField(serializers.Field):
             try:
                 token = int(key)
             except ValueError:
+                continue
+            if abs(token) > TOKEN_ID_LIMIT:  # no such token in any vocabulary
                 continue
             bias[token] = _clamp(float(value), -LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT)
         return bias
@@ -180,19 +211,20 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
         max_tokens = MAX_TOKENS_DEFAULT
     elif max_tokens <= 0:
         max_tokens = MAX_TOKENS_NONPOSITIVE
-    sampling = {
-        "temperature": data["temperature"],
-        "top_p": data["top_p"],
-        "top_k": max(0, data["top_k"]),
-        "presence_penalty": _clamp(data["presence_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
-        "frequency_penalty": _clamp(data["frequency_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
-        "logprobs": data["logprobs"],
-        "top_logprobs": int(_clamp(data["top_logprobs"], 0, TOP_LOGPROBS_LIMIT)) if data["logprobs"] else 0,
-    }
-    if data.get("seed") is not None:
-        sampling["seed"] = data["seed"] % SEED_MODULUS
-    if data["logit_bias"]:
-        sampling["logit_bias"] = data["logit_bias"]
+    try:
+        sampling = SamplingParams(
+            temperature=data["temperature"],
+            top_p=_clamp(data["top_p"], 0.0, 1.0),
+            top_k=int(_clamp(data["top_k"], 0, TOKEN_ID_LIMIT)),
+            presence_penalty=_clamp(data["presence_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+            frequency_penalty=_clamp(data["frequency_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+            logprobs=data["logprobs"],
+            top_logprobs=int(_clamp(data["top_logprobs"], 0, TOP_LOGPROBS_LIMIT)) if data["logprobs"] else 0,
+            seed=None if data.get("seed") is None else data["seed"] % SEED_LIMIT,
+            logit_bias=data["logit_bias"] or None,
+        )
+    except ValueError as exc:  # what the clamps leave: a number that is not finite
+        raise InvalidRequest(str(exc), reason="sampling") from None
     tools = data.get("tools") or None
     if data.get("tool_choice") == "none":
         tools = None
@@ -214,11 +246,11 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
 
 @dataclass(slots=True)
 class ChatRequest:
-    """A validated chat completion request. `sampling` holds SamplingParams fields for the engine."""
+    """A validated chat completion request, with its sampling parameters as the engine takes them."""
 
     model: str
     messages: list[dict[str, Any]]
-    sampling: dict[str, Any]
+    sampling: SamplingParams
     max_tokens: int
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -230,13 +262,13 @@ class ChatRequest:
 
     @property
     def wants_logprobs(self) -> bool:
-        return bool(self.sampling.get("logprobs"))
+        return self.sampling.logprobs
 
-    def sampling_for_choice(self, index: int) -> dict[str, Any]:
+    def sampling_for_choice(self, index: int) -> SamplingParams:
         """Choice `index`'s sampling: with a seed, choice i uses seed + i (so each choice differs, reproducibly)."""
-        if index == 0 or self.sampling.get("seed") is None:
+        if index == 0 or self.sampling.seed is None:
             return self.sampling
-        return {**self.sampling, "seed": (self.sampling["seed"] + index) % SEED_MODULUS}
+        return msgspec.structs.replace(self.sampling, seed=(self.sampling.seed + index) % SEED_LIMIT)
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
@@ -254,20 +286,32 @@ class NonNegativeIntegerField(serializers.IntegerField):
         return max(0, super().to_internal_value(data))
 
 
+def _load_option_field(option: msgspec.inspect.Field) -> serializers.Field:
+    """The body field of one LoadOptions field, with the struct's default: a count (negative reads as 0), a flag,
+    or one of the struct's names (dtype "" is automatic)."""
+    kind = option.type.type if isinstance(option.type, msgspec.inspect.Metadata) else option.type
+    if isinstance(kind, msgspec.inspect.BoolType):
+        return serializers.BooleanField(default=option.default)
+    if isinstance(kind, msgspec.inspect.IntType):
+        return NonNegativeIntegerField(default=option.default)
+    if isinstance(kind, msgspec.inspect.LiteralType):
+        return serializers.ChoiceField(choices=kind.values, default=option.default)
+    raise TypeError(f"LoadOptions.{option.name}: no body field for {kind!r}")
+
+
 class LoadModelSerializer(serializers.Serializer):
     """POST /admin/models/load. `dies` are CUDA device ordinals (at most 8); `device` ("cpu", "cuda:N") is
-    Pantheon's own spelling of the same choice. A load places a model on one device."""
+    Pantheon's own spelling of the same choice. A load places a model on one device. The options (ctx_cap, ...,
+    dtype) are LoadOptions' fields, read from the struct, and always present in the validated data."""
 
     path = serializers.CharField()
     name = serializers.CharField(required=False, max_length=200)
     dies = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False, max_length=MAX_DIES)
     device = serializers.RegexField(r"^(cpu|cuda:\d+)$", required=False)
-    quantize = serializers.BooleanField(default=False)
-    dtype = serializers.ChoiceField(choices=("float32", "bfloat16", "float16"), required=False)
-    ctx_cap = NonNegativeIntegerField(default=0)
-    max_sessions = NonNegativeIntegerField(default=0)
-    max_concurrent = NonNegativeIntegerField(default=0)
-    reasoning_budget = NonNegativeIntegerField(default=0)
+
+    def get_fields(self):
+        options = msgspec.inspect.type_info(LoadOptions).fields
+        return {**super().get_fields(), **{option.name: _load_option_field(option) for option in options}}
 
 
 class UnloadModelSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ import sys
 import time
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import LoadOptions, SamplingParams
 from inference.engine.demo_model import write_demo_model
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused
@@ -23,18 +24,19 @@ from inference.engine.hosted_model import HostedModel, RequestRefused
 
 def generate(args: argparse.Namespace) -> dict:
     """Runs one request to completion; returns what `--json` prints."""
-    load = p.Load("cli", "cli", args.model_path, quantize=args.quantize, dtype=args.dtype)
-    hosted = HostedModel.load(load, args.device)
+    options = LoadOptions(quantize=args.quantize, dtype=args.dtype or "")
+    hosted = HostedModel.load(p.Load(request_id="cli", name="cli", path=args.model_path, options=options), args.device)
     tokenizer = hosted.model.tokenizer
     submit = p.Submit(
-        "cli",
-        "cli",
+        request_id="cli",
+        model="cli",
         messages=[{"role": "user", "content": args.prompt}] if args.chat else None,
         prompt_token_ids=None if args.chat else tokenizer.encode(args.prompt),
-        sampling={"temperature": args.temperature, "seed": args.seed},
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
         max_tokens=args.max_tokens,
     )
-    seq = hosted.sequence_for(submit)
+    hosted.check_bound(submit)
+    seq = hosted.prepare(submit)
     hosted.scheduler.add(seq)
     pieces: list[str] = []
     first_token_at = None
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot load model: {exc}", file=sys.stderr)
         return 2
     except RequestRefused as exc:
-        print(f"error: {exc.error.type}: {exc.error.message}", file=sys.stderr)
+        print(f"error: {exc.error.reason}: {exc.error.message}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result))

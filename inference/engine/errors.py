@@ -17,16 +17,16 @@ class LoadError(Exception):
 class KVCacheFull(Exception):
     """Every KV-cache slot is taken; the caller should wait for a sequence to finish (or evict one)."""
 
-    def __init__(self, max_slots: int):
-        self.max_slots = max_slots
-        super().__init__(f"all {max_slots} KV-cache slots are in use")
+    def __init__(self, max_concurrent: int):
+        self.max_concurrent = max_concurrent
+        super().__init__(f"all {max_concurrent} KV-cache slots are in use")
 
 
 class ContextOverflow(Exception):
     """A sequence would grow past the context the KV cache was sized for."""
 
-    def __init__(self, slot: int, needed: int, max_context: int):
+    def __init__(self, slot: int, needed: int, context_window: int):
         self.slot = slot
         self.needed = needed
-        self.max_context = max_context
-        super().__init__(f"slot {slot} needs {needed} positions but the context holds {max_context}")
+        self.context_window = context_window
+        super().__init__(f"slot {slot} needs {needed} positions but the context holds {context_window}")

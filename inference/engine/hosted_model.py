@@ -1,8 +1,10 @@
 """A model as a worker hosts it: the loaded weights, its scheduler, and the turning of a SUBMIT into a sequence.
 
 Chat templating and tokenization happen here, next to the tokenizer, so the control plane never needs one: it
-learns the prompt's token count from STARTED and receives text pieces in TOKENS. Everything a request can be
-refused for before it reaches the scheduler (unknown model state aside) is decided here, as one ERROR.
+learns the prompt's token count from STARTED and receives text pieces in TOKENS. A SUBMIT goes through three
+checks, each refusing with one ERROR: `check_bound` (cheap, on the worker's loop: a prompt whose text alone is too
+long for the context window is refused before it is tokenized), `prepare` (templating and tokenizing; the worker
+runs long ones on its preparation thread) and `admit` (memory and queue, on the loop).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 from typing import Any
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.kv_budget import (
     MIN_WINDOW,
@@ -23,14 +26,17 @@ from inference.engine.kv_budget import (
     weight_bytes_estimate,
 )
 from inference.engine.loaders.loading import LoadedModel, load_model
-from inference.engine.sampler import SamplingParams, SequenceSampling
+from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 
-BUSY_RETRY_AFTER = 5.0  # seconds a client refused by a full queue is told to wait
-MEMORY_RETRY_AFTER = 5.0  # seconds a client refused under memory pressure is told to wait
+# Normalization can shrink text (NFKC folds a ligature into fewer bytes), so the cheap bound allows for text that
+# shrinks by up to this factor before it refuses a prompt untokenized.
+NORMALIZATION_SLACK = 2
+# Roles whose content a chat template writes out whole (an assistant turn's may be cut, e.g. its old reasoning).
+BOUNDED_ROLES = ("system", "user", "tool")
 
 
 class RequestRefused(Exception):
@@ -39,6 +45,10 @@ class RequestRefused(Exception):
     def __init__(self, error: p.Error):
         self.error = error
         super().__init__(error.message)
+
+
+def refusal(request_id: str, reason: Reason, message: str, **data: int) -> RequestRefused:
+    return RequestRefused(p.Error(request_id=request_id, reason=reason, message=message, **data))
 
 
 def chat_prompt_ids(
@@ -58,6 +68,12 @@ def chat_prompt_ids(
     return tok.encode(text, add_special_tokens=not wrote_bos)
 
 
+def prompt_text_length(req: p.Submit) -> int:
+    """Characters of the chat messages' text that a template writes out whole (see BOUNDED_ROLES)."""
+    texts = (m.get("content") for m in req.messages or () if m.get("role") in BOUNDED_ROLES)
+    return sum(len(text) for text in texts if isinstance(text, str))
+
+
 class HostedModel:
     """A loaded model under its served name. `unload` is the UNLOAD it drains for, `deadline` when the drain ends."""
 
@@ -65,12 +81,14 @@ class HostedModel:
                  min_free_memory: int = 0, window_configured: int = 0):  # fmt: skip
         self.name = name
         self.device = device
-        self.min_free_memory = min_free_memory  # bytes; below this free, new requests get server_memory_constrained
-        self.window_configured = window_configured or scheduler.window
+        self.min_free_memory = min_free_memory  # bytes; below this free, new requests are refused (low_memory)
+        self.window_configured = window_configured or scheduler.context_window
         self.model = model
         self.scheduler = scheduler
         tok = model.tokenizer
         self.template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+        # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
+        self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
         self.kv_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
         self.unload: p.Unload | None = None
@@ -81,101 +99,129 @@ class HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread).
         The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
         a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
-        slots = max(1, req.max_concurrent)
+        options, limits = req.options, req.limits
+        slots = limits.max_concurrent
         config = read_config(req.path)
-        if req.max_context > config.max_context:
-            raise LoadError(req.path, f"max_context {req.max_context} exceeds the model's {config.max_context}")
-        configured = configured_window(config, req.max_context)
-        element = element_size(req.dtype, device)
-        budget = free_memory(device) - weight_bytes_estimate(config, element) - req.min_free_memory
+        if options.ctx_cap > config.context_limit:
+            raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
+        configured = configured_window(config, options.ctx_cap)
+        element = element_size(options.dtype or None, device)
+        budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
         window = effective_window(configured, kv_bytes_per_token(config, element), slots, budget)
         if window < min(MIN_WINDOW, configured):
             raise MemoryError(f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
-                              f"left after the weights and the {req.min_free_memory}-byte reserve")  # fmt: skip
+                              f"left after the weights and the {limits.min_free_memory}-byte reserve")  # fmt: skip
         model = load_model(
-            req.path, device=device, dtype=req.dtype, quantize=req.quantize, max_slots=slots, max_context=window
+            req.path,
+            device=device,
+            dtype=options.dtype or None,
+            quantize=options.quantize,
+            max_concurrent=slots,
+            context_window=window,
         )
         scheduler = Scheduler(
             model.runner,
             model.tokenizer,
-            max_concurrent=max(1, req.max_concurrent),
-            queue_depth=req.queue_depth,
-            queue_timeout=req.queue_timeout,
-            prefill_chunk=req.prefill_chunk,
+            max_concurrent=slots,
+            queue_depth=limits.queue_depth,
+            queue_timeout=limits.queue_timeout,
+            prefill_chunk=limits.prefill_chunk,
         )
-        return cls(req.name, model, scheduler, device=device, min_free_memory=req.min_free_memory,
+        return cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
                    window_configured=configured)  # fmt: skip
 
-    def admit(self, req: p.Submit) -> None:
-        """Queues the request's sequence, or raises RequestRefused (bad request, over the window, busy, low memory)."""
-        seq = self.sequence_for(req)
-        if self.min_free_memory and (free := free_memory(self.device)) < self.min_free_memory:
-            raise RequestRefused(
-                p.Error(req.request_id, "server_memory_constrained",
-                        f"{self.device} has {free} bytes free, below the {self.min_free_memory}-byte reserve", 503,
-                        retry_after=MEMORY_RETRY_AFTER)
+    def check_bound(self, req: p.Submit) -> None:
+        """Refuses (prompt_too_long) a prompt that cannot fit the window, judged without tokenizing it: by its token
+        count, or for chat messages by their text's length (a token stands for at most `max_token_bytes` bytes)."""
+        window = self.scheduler.context_window
+        if req.prompt_token_ids is not None:
+            least = len(req.prompt_token_ids)
+        else:
+            chars = prompt_text_length(req)
+            if chars <= self.max_prompt_chars:
+                return
+            least = chars // (self.model.tokenizer.max_token_bytes * NORMALIZATION_SLACK)
+        if least + 1 > window:
+            raise refusal(
+                req.request_id, Reason.PROMPT_TOO_LONG,
+                f"the prompt has at least {least} tokens; the context window is {window} (kv_used {least}, kv_cap "
+                f"{window})", kv_used=least, kv_cap=window,
             )  # fmt: skip
-        if self.scheduler.is_full():
-            raise RequestRefused(
-                p.Error(req.request_id, "server_busy", f"model {req.model!r} is busy; retry shortly", 429,
-                        retry_after=BUSY_RETRY_AFTER)
-            )  # fmt: skip
-        self.scheduler.add(seq)
 
-    def sequence_for(self, req: p.Submit) -> Sequence:
-        model, window = self.model, self.scheduler.window
+    def prepare(self, req: p.Submit) -> Sequence:
+        """The request's sequence: templated, tokenized and checked against the window (the slow part of a
+        SUBMIT; thread-safe, touches no scheduler state). Raises RequestRefused."""
+        model, window = self.model, self.scheduler.context_window
         if req.prompt_token_ids is not None:
             prompt = list(req.prompt_token_ids)
         else:
             try:
                 prompt = chat_prompt_ids(
-                    model, req.messages or [], template=self.template, tools=req.tools,
-                    enable_thinking=req.enable_thinking,
-                )  # fmt: skip
+                    model, req.messages, template=self.template, tools=req.tools, enable_thinking=req.enable_thinking
+                )
             except TemplateError as exc:
-                raise invalid(req, str(exc)) from exc
+                raise refusal(req.request_id, Reason.BAD_REQUEST, str(exc)) from exc
         vocab = model.runner.vocab_size
         if not prompt or any(not 0 <= t < vocab for t in prompt):
-            raise invalid(req, f"the prompt must be a non-empty list of token ids below {vocab}")
+            raise refusal(req.request_id, Reason.BAD_REQUEST, f"the prompt must be non-empty token ids below {vocab}")
         if len(prompt) + 1 > window:
-            raise RequestRefused(
-                p.Error(req.request_id, "context_over_budget",
-                        f"the prompt has {len(prompt)} tokens; the context window is {window} (kv_used "
-                        f"{len(prompt)}, kv_cap {window})", 422, kv_used=len(prompt), kv_cap=window)
+            raise refusal(
+                req.request_id, Reason.PROMPT_TOO_LONG,
+                f"the prompt has {len(prompt)} tokens; the context window is {window} (kv_used {len(prompt)}, kv_cap "
+                f"{window})", kv_used=len(prompt), kv_cap=window,
             )  # fmt: skip
-        try:
-            params = SamplingParams(**req.sampling)
-        except TypeError as exc:
-            raise invalid(req, f"bad sampling parameters: {exc}") from exc
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         return Sequence(
             req.request_id,
             prompt,
-            sampling=SequenceSampling(params, vocab),
+            sampling=SequenceSampling(req.sampling, vocab),
             detokenizer=IncrementalDetokenizer(model.tokenizer),
             stop_token_ids=stop_ids,
             stop=req.stop,
-            max_tokens=max(1, req.max_tokens),
-            max_length=window,
+            max_tokens=req.max_tokens,
+            context_window=window,
         )
+
+    def admit(self, seq: Sequence) -> None:
+        """Queues a prepared sequence, or raises RequestRefused (low memory, queue full)."""
+        if self.min_free_memory and (free := free_memory(self.device)) < self.min_free_memory:
+            message = f"{self.device} has {free} bytes free, below the {self.min_free_memory}-byte reserve"
+            raise refusal(seq.request_id, Reason.LOW_MEMORY, message)
+        if self.scheduler.is_full():
+            raise refusal(seq.request_id, Reason.QUEUE_FULL, f"model {self.name!r} is busy; retry shortly")
+        self.scheduler.add(seq)
 
     def loaded(self, req: p.Load, started: float) -> p.Loaded:
         """The LOADED reply to the LOAD that built this model."""
         model, scheduler = self.model, self.scheduler
         return p.Loaded(
-            req.request_id, self.name, str(model.path), model.format, model.config.architecture, str(model.device),
-            str(model.dtype).removeprefix("torch."), model.weight_bytes, self.kv_bytes, scheduler.window,
-            scheduler.max_concurrent, time.monotonic() - started, self.window_configured,
-        )  # fmt: skip
+            request_id=req.request_id,
+            name=self.name,
+            path=str(model.path),
+            format=model.format,
+            architecture=model.config.architecture,
+            device=str(model.device),
+            dtype=str(model.dtype).removeprefix("torch."),
+            weight_bytes=model.weight_bytes,
+            kv_bytes=self.kv_bytes,
+            context_window=scheduler.context_window,
+            context_window_configured=self.window_configured,
+            max_concurrent=scheduler.max_concurrent,
+            load_seconds=time.monotonic() - started,
+        )
 
     def status(self) -> p.ModelStatus:
         s = self.scheduler
-        state = "draining" if self.unload else "paused" if s.paused else "ready"
         return p.ModelStatus(
-            self.name, str(self.model.path), state, self.model.weight_bytes, self.kv_bytes, len(s.running),
-            s.runner.max_slots, len(s.running), len(s.waiting), s.max_concurrent, s.window,
-        )  # fmt: skip
-
-
-def invalid(req: p.Submit, message: str) -> RequestRefused:
-    return RequestRefused(p.Error(req.request_id, "invalid_request_error", message, 400))
+            name=self.name,
+            path=str(self.model.path),
+            state="draining" if self.unload else "paused" if s.paused else "ready",
+            weight_bytes=self.model.weight_bytes,
+            kv_bytes=self.kv_bytes,
+            slots_used=len(s.running),
+            slots_total=s.runner.max_concurrent,
+            running=len(s.running),
+            waiting=len(s.waiting),
+            max_concurrent=s.max_concurrent,
+            context_window=s.context_window,
+        )

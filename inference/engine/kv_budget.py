@@ -59,7 +59,7 @@ def weight_bytes_estimate(config: ModelConfig, element_bytes: int) -> int:
 
 def configured_window(config: ModelConfig, requested: int) -> int:
     """The window a load asks for: `requested`, or (0) the model's own limit capped at DEFAULT_MAX_CONTEXT."""
-    return requested or min(config.max_context, DEFAULT_MAX_CONTEXT)
+    return requested or min(config.context_limit, DEFAULT_MAX_CONTEXT)
 
 
 def effective_window(configured: int, per_token: int, slots: int, budget: int) -> int:

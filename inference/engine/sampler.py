@@ -27,6 +27,7 @@ from itertools import chain, repeat
 
 import torch
 
+from inference.engine.contract.params import SamplingParams
 from inference.engine.token_draw import HEAD_LIMIT, DrawParams, draw_from_head, draw_from_vocab
 
 BAN_BIAS = -100.0  # a logit_bias at or below this bans the token outright
@@ -51,26 +52,6 @@ def counter_uniform(seed: int, step: int) -> float:
     key = _mix64((seed * _GOLDEN64) & _MASK64)
     z = _mix64((key + (step + 1) * _GOLDEN64) & _MASK64)
     return ((z >> 40) + 0.5) / (1 << 24)
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    """One request's sampling knobs, already validated and clamped at the API edge."""
-
-    temperature: float = 1.0  # <= 0: greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0  # alternatives per token, only when logprobs is set
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
 
 
 class SequenceSampling:

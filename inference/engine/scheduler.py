@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.contract.messages import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
+from inference.engine.contract.reasons import Reason
 from inference.engine.model.runner import ModelRunner
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
 from inference.engine.text.tokenizer import Tokenizer
-
-QUEUE_RETRY_AFTER = 2.0  # seconds a client refused after a queue wait is told to wait
 
 
 @dataclass(slots=True)
@@ -44,7 +43,7 @@ class Scheduler:
     """Owns a model's running and waiting sequences and their KV slots.
 
     `max_concurrent` sequences run (decode) at once, at most the runner's slot count; `queue_depth` more may wait;
-    one that waits longer than `queue_timeout` seconds is refused with server_busy.
+    one that waits longer than `queue_timeout` seconds is refused (queue_timeout).
     """
 
     def __init__(
@@ -58,8 +57,8 @@ class Scheduler:
         prefill_chunk: int = 128,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if not 1 <= max_concurrent <= runner.max_slots:
-            raise ValueError(f"max_concurrent {max_concurrent} must be in [1, {runner.max_slots}] (the KV slots)")
+        if not 1 <= max_concurrent <= runner.max_concurrent:
+            raise ValueError(f"max_concurrent {max_concurrent} must be in [1, {runner.max_concurrent}] (the KV slots)")
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_concurrent = max_concurrent
@@ -72,9 +71,9 @@ class Scheduler:
         self.paused = False
 
     @property
-    def window(self) -> int:
+    def context_window(self) -> int:
         """The context window every sequence of this model gets (the KV cache's length)."""
-        return self.runner.max_context
+        return self.runner.context_window
 
     @property
     def has_work(self) -> bool:
@@ -139,7 +138,13 @@ class Scheduler:
         """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
         plan = self.schedule()
         out: list[Message] = [
-            Started(s.request_id, len(s.prompt_ids), s.cached_tokens, self.window) for s in plan.admitted
+            Started(
+                request_id=s.request_id,
+                prompt_tokens=len(s.prompt_ids),
+                cached_tokens=s.cached_tokens,
+                kv_cap=self.context_window,
+            )
+            for s in plan.admitted
         ]
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
@@ -166,22 +171,19 @@ class Scheduler:
             return self.runner.prefill(seq.slot, chunk)[None]
         width = max(len(chunk) for _, chunk in prefills)
         cheap = len(prefills) * width <= 2 * sum(len(chunk) for _, chunk in prefills)
-        if cheap and all(self.runner.slot_length(seq.slot) + width <= self.window for seq, _ in prefills):
+        if cheap and all(self.runner.slot_length(seq.slot) + width <= self.context_window for seq, _ in prefills):
             return self.runner.prefill_batch([seq.slot for seq, _ in prefills], [chunk for _, chunk in prefills])
         return torch.stack([self.runner.prefill(seq.slot, chunk) for seq, chunk in prefills])
 
     def expire_waiting(self) -> list[Message]:
-        """Refuses (server_busy) the waiting sequences that waited longer than `queue_timeout`; runs even while
+        """Refuses (queue_timeout) the waiting sequences that waited longer than `queue_timeout`; runs even while
         paused, so the worker calls it on its own schedule rather than in `step()`."""
         now = self.clock()
         expired = [s for s in self.waiting if now - s.arrival > self.queue_timeout]
         for seq in expired:
             self.waiting.remove(seq)
-        return [
-            Error(s.request_id, "server_busy", f"no decode slot became free within {self.queue_timeout:g} s",
-                  status=429, retry_after=QUEUE_RETRY_AFTER)
-            for s in expired
-        ]  # fmt: skip
+        message = f"no decode slot became free within {self.queue_timeout:g} s"
+        return [Error(request_id=s.request_id, reason=Reason.QUEUE_TIMEOUT, message=message) for s in expired]
 
     def postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[Message]:
         """Appends each row's sampled token; finished sequences leave the batch and free their slot now."""
@@ -189,7 +191,7 @@ class Scheduler:
         for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
             text = seq.append_token(token_id)
             lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
-            out.append(Tokens(seq.request_id, [token_id], text, lps))
+            out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:
                 self.running.remove(seq)
                 self._release(seq)
@@ -198,13 +200,13 @@ class Scheduler:
 
     def _finished(self, seq: Sequence) -> Finished:
         return Finished(
-            seq.request_id,
-            seq.finish_reason,
+            request_id=seq.request_id,
+            finish_reason=seq.finish_reason,
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=len(seq.output_ids),
             cached_tokens=seq.cached_tokens,
             kv_used=seq.num_tokens,
-            kv_cap=self.window,
+            kv_cap=self.context_window,
         )
 
     def _release(self, seq: Sequence) -> None:
@@ -214,5 +216,5 @@ class Scheduler:
 
     def _token_logprob(self, token_id: int, lp: TokenLogprobs) -> TokenLogprob:
         token_bytes = self.tokenizer.token_bytes
-        top = [TopLogprob(tid, token_bytes(tid), value) for tid, value in lp.top]
-        return TokenLogprob(token_id, token_bytes(token_id), lp.logprob, top)
+        top = [TopLogprob(token_id=tid, token=token_bytes(tid), logprob=value) for tid, value in lp.top]
+        return TokenLogprob(token_id=token_id, token=token_bytes(token_id), logprob=lp.logprob, top=top)

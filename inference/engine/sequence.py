@@ -17,13 +17,13 @@ LENGTH = "length"
 class Sequence:
     """A request's tokens and stop conditions. `slot` is its KV-cache slot while it runs, else None.
 
-    `max_length` is the context window: prompt and output together never exceed it, and a generation that reaches
+    `context_window` is the context window: prompt and output together never exceed it, and a generation that reaches
     it ends with finish_reason "length", as one that reaches `max_tokens` does.
     """
 
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
-        "max_tokens", "max_length", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
+        "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
     )  # fmt: skip
 
     def __init__(
@@ -36,7 +36,7 @@ class Sequence:
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
         stop: list[str] | tuple[str, ...] = (),
         max_tokens: int,
-        max_length: int,
+        context_window: int,
         arrival: float = 0.0,
     ):
         if not prompt_ids:
@@ -49,7 +49,7 @@ class Sequence:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.stop = [s for s in stop if s]
         self.max_tokens = max_tokens
-        self.max_length = max_length
+        self.context_window = context_window
         self.slot: int | None = None
         self.num_prefilled = 0  # prompt tokens whose KV is in the slot
         self.cached_tokens = 0  # prompt tokens whose KV was reused rather than computed
@@ -91,7 +91,7 @@ class Sequence:
             self.finish_reason = STOP
             return self._release(self.detokenizer.flush(), final=True)
         text = self._release(self.detokenizer.push(token_id), final=False)
-        if not self.is_finished and (len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.max_length):
+        if not self.is_finished and (len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.context_window):
             self.finish_reason = LENGTH
             text += self._release(self.detokenizer.flush(), final=True)
         return text

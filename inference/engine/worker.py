@@ -1,10 +1,10 @@
 """The worker: a long-lived process per device that hosts models and runs their schedulers.
 
-The control plane sends requests over one ZMQ DEALER socket (see protocol.py); the loop below polls them, steps
-every model's scheduler once, and sends what the steps produced as one STEP_OUTPUTS message. It blocks on the socket
-only when no model has work. Loading runs in a background thread, so a model that loads for a minute does not stall
-the others, and heartbeats keep flowing. What a hosted model does with a request (templating, tokenizing, admission)
-is in hosted_model.py.
+The control plane sends requests over one ZMQ DEALER socket (see contract/messages.py); the loop below polls them,
+steps every model's scheduler once, and sends what the steps produced as one STEP_OUTPUTS message. It blocks on the
+socket only when no model has work. Two kinds of slow work run on threads of their own, so that neither stalls the
+other models' steps or the heartbeats that tell the supervisor this worker lives: loading a model, and preparing
+(templating and tokenizing) a long chat prompt. What a hosted model does with a request is in hosted_model.py.
 
 Run as `python -m inference.engine.worker --endpoint ENDPOINT --device cpu|cuda:N --identity ID`; the supervisor does.
 """
@@ -25,13 +25,19 @@ import torch
 import zmq
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
-from inference.engine.hosted_model import HostedModel, RequestRefused, invalid
+from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
+from inference.engine.sequence import Sequence
 
 HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
 # A CPU model with fewer weight bytes than this steps on one thread: its ops take microseconds, less than waking and
 # joining a second thread costs (stories260K served 638 tok/s to one stream on one thread, 279 on two).
 SMALL_MODEL_BYTES = 64 * 2**20
+# A chat prompt with fewer characters than this is templated and tokenized on the loop itself: it takes less time
+# than handing it to the preparation thread and noticing the result.
+INLINE_PREPARE_CHARS = 16 * 1024
+BUSY_POLL_MS = 5  # how long the loop blocks on input while a load or a preparation may finish any moment
 
 
 @dataclass(slots=True)
@@ -40,6 +46,14 @@ class PendingLoad:
     future: Future
     started: float = field(default_factory=time.monotonic)
     unload_call: str | None = None  # an UNLOAD that arrived meanwhile: drop the model when it is ready
+
+
+@dataclass(slots=True)
+class PendingPrepare:
+    """A SUBMIT whose prompt is being templated and tokenized on the preparation thread."""
+
+    hosted: HostedModel
+    future: Future
 
 
 class Worker:
@@ -63,6 +77,8 @@ class Worker:
         self.loads: list[PendingLoad] = []
         self.pauses: list[tuple[str, list[str]]] = []  # PAUSE call id -> models that must drain before PAUSED
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
+        self.preparing: dict[str, PendingPrepare] = {}  # request id -> its preparation, in arrival order
+        self.preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self.stopping = False
         self.next_heartbeat = 0.0
         self.threads = threads  # intra-op threads for large CPU models; None: leave torch's setting alone
@@ -72,7 +88,7 @@ class Worker:
 
     def run(self) -> None:
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        self.send(p.Ready(self.device, os.getpid(), cuda_devices))
+        self.send(p.Ready(device=self.device, pid=os.getpid(), cuda_devices=cuda_devices))
         while not self.stopping:
             # 1) poll input; block only when no model has work to step
             busy = any(h.scheduler.has_work for h in self.models.values())
@@ -87,15 +103,15 @@ class Worker:
                 for message in outputs:
                     self.forget_finished(message)
                 self.send(p.StepOutputs(outputs))
-            # 4) housekeeping: finished loads, drains, pauses, queue timeouts, heartbeats
+            # 4) housekeeping: prepared prompts, finished loads, drains, pauses, queue timeouts, heartbeats
             self.housekeeping()
         self.shut_down()
 
     def idle_timeout(self) -> int:
-        """Milliseconds to block waiting for input when idle: until the next heartbeat, shorter while loading or
-        draining so their completion is noticed promptly."""
-        if self.loads or any(h.unload for h in self.models.values()):
-            return 20
+        """Milliseconds to block waiting for input when idle: until the next heartbeat, shorter while loading,
+        preparing or draining so their completion is noticed promptly."""
+        if self.loads or self.preparing or any(h.unload for h in self.models.values()):
+            return BUSY_POLL_MS
         return max(0, int((self.next_heartbeat - time.monotonic()) * 1000))
 
     def poll_input(self, timeout_ms: int) -> None:
@@ -103,19 +119,20 @@ class Worker:
             return
         while not self.stopping:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                frame = self.socket.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
-                message = p.decode(frames)
-            except p.ProtocolError as exc:
-                self.send(p.Error(exc.request_id, "invalid_request_error", str(exc), status=400))
+                message = p.decode_to_worker(frame)
+            except p.ProtocolError as exc:  # a malformed or mistyped field fails the request it came with
+                self.send(p.Error(request_id=exc.request_id, reason=Reason.BAD_REQUEST, message=str(exc)))
                 continue
             try:
                 self.handle(message)
             except Exception as exc:  # answer the one request; a bug in handling it must not end the worker
                 failure = f"{type(message).__name__} failed: {type(exc).__name__}: {exc}"
-                self.send(p.Error(getattr(message, "request_id", None), "server_error", failure))
+                request_id = getattr(message, "request_id", None)
+                self.send(p.Error(request_id=request_id, reason=Reason.INTERNAL, message=failure))
 
     def handle(self, message: p.Message) -> None:
         match message:
@@ -125,6 +142,7 @@ class Worker:
                 except RequestRefused as refused:
                     self.send(refused.error)
             case p.Abort(request_id=request_id):
+                self.preparing.pop(request_id, None)  # its prepared sequence is dropped when it is ready
                 name = self.requests.pop(request_id, None)
                 if name in self.models:
                     self.models[name].scheduler.abort(request_id)
@@ -143,35 +161,64 @@ class Worker:
                 if (hosts := self.select(request_id, model)) is not None:
                     for hosted in hosts:
                         hosted.scheduler.resume()
-                    self.send(p.Resumed(request_id))
+                    self.send(p.Resumed(request_id=request_id))
             case p.Shutdown():
                 self.stop()
             case _:
-                self.send(p.Error(None, "invalid_request_error", f"a worker does not accept {type(message).__name__}"))
+                message = f"a worker does not accept {type(message).__name__}"
+                self.send(p.Error(request_id=None, reason=Reason.BAD_REQUEST, message=message))
 
     def select(self, request_id: str, model: str | None) -> list[HostedModel] | None:
-        """The models a PAUSE/RESUME names (None: all); answers ERROR model_not_found and returns None if unknown."""
+        """The models a PAUSE/RESUME names (None: all); answers ERROR model_not_loaded and returns None if unknown."""
         if model is None:
             return list(self.models.values())
         if model not in self.models:
-            self.send(p.Error(request_id, "model_not_found", f"model {model!r} is not loaded on this worker", 404))
+            message = f"model {model!r} is not loaded on this worker"
+            self.send(p.Error(request_id=request_id, reason=Reason.MODEL_NOT_LOADED, message=message))
             return None
         return [self.models[model]]
 
     # -- generations ---------------------------------------------------------------------------------------------
 
     def submit(self, req: p.Submit) -> None:
+        """Checks a SUBMIT cheaply here, then prepares its prompt: here when it is short, else on the preparation
+        thread (finish_preparations admits it). Raises RequestRefused."""
         hosted = self.models.get(req.model)
         if hosted is None or hosted.unload:
             state = "is unloading" if hosted else "is not loaded on this worker"
-            raise RequestRefused(p.Error(req.request_id, "model_not_found", f"model {req.model!r} {state}", 404))
-        if req.request_id in self.requests:
-            raise invalid(req, f"request id {req.request_id!r} is already in use")
-        hosted.admit(req)
-        self.requests[req.request_id] = req.model
+            raise refusal(req.request_id, Reason.MODEL_NOT_LOADED, f"model {req.model!r} {state}")
+        if req.request_id in self.requests or req.request_id in self.preparing:
+            raise refusal(req.request_id, Reason.BAD_REQUEST, f"request id {req.request_id!r} is already in use")
+        hosted.check_bound(req)
+        if req.messages is None or prompt_text_length(req) < INLINE_PREPARE_CHARS:
+            self.admit(hosted, hosted.prepare(req))
+        else:
+            self.preparing[req.request_id] = PendingPrepare(hosted, self.preparer.submit(hosted.prepare, req))
+
+    def admit(self, hosted: HostedModel, seq: Sequence) -> None:
+        hosted.admit(seq)
+        self.requests[seq.request_id] = hosted.name
+
+    def finish_preparations(self) -> None:
+        """Admits (or refuses) the SUBMITs whose preparation ended; aborted ones are gone from `preparing`."""
+        for request_id, pending in list(self.preparing.items()):
+            if not pending.future.done():
+                continue
+            del self.preparing[request_id]
+            hosted = pending.hosted
+            try:
+                seq = pending.future.result()
+                if self.models.get(hosted.name) is not hosted or hosted.unload:
+                    raise refusal(request_id, Reason.MODEL_NOT_LOADED, f"model {hosted.name!r} was unloaded")
+                self.admit(hosted, seq)
+            except RequestRefused as refused:
+                self.send(refused.error)
+            except Exception as exc:  # a bug in templating or tokenizing fails this request alone
+                message = f"preparing the prompt failed: {type(exc).__name__}: {exc}"
+                self.send(p.Error(request_id=request_id, reason=Reason.INTERNAL, message=message))
 
     def step(self, hosted: HostedModel) -> list[p.Message]:
-        """One scheduler step; a failure in it ends that model's generations with server_error, not the worker."""
+        """One scheduler step; a failure in it ends that model's generations (generation_failed), not the worker."""
         if self.threads is not None and self.device == "cpu":
             wanted = 1 if hosted.model.weight_bytes < SMALL_MODEL_BYTES else self.threads
             if torch.get_num_threads() != wanted:
@@ -181,7 +228,7 @@ class Worker:
         except Exception as exc:  # a CUDA OOM or a bug must not take every other model down with it
             failed = hosted.scheduler.abort_all()
             message = f"generation failed: {type(exc).__name__}: {exc}"
-            return [p.Error(s.request_id, "server_error", message, 500) for s in failed]
+            return [p.Error(request_id=s.request_id, reason=Reason.GENERATION_FAILED, message=message) for s in failed]
 
     def forget_finished(self, message: p.Message) -> None:
         if isinstance(message, p.Finished | p.Error) and message.request_id is not None:
@@ -191,7 +238,8 @@ class Worker:
 
     def load(self, req: p.Load) -> None:
         if req.name in self.models or any(pl.request.name == req.name and not pl.unload_call for pl in self.loads):
-            self.send(p.Error(req.request_id, "load_failed", f"model {req.name!r} is already loaded", 409))
+            message = f"model {req.name!r} is already loaded"
+            self.send(p.Error(request_id=req.request_id, reason=Reason.ALREADY_LOADED, message=message))
             return
         self.loads.append(PendingLoad(req, self.loader.submit(HostedModel.load, req, self.device)))
 
@@ -202,11 +250,12 @@ class Worker:
             try:
                 hosted = pending.future.result()
             except Exception as exc:
-                self.send(p.Error(req.request_id, "load_failed", _load_problem(exc), _load_status(req, exc)))
+                self.send(p.Error(request_id=req.request_id, reason=_load_reason(req, exc), message=_load_problem(exc)))
                 continue
             if pending.unload_call:  # dropped here; freed with the last reference to it
-                self.send(p.Error(req.request_id, "load_failed", f"model {req.name!r} was unloaded while loading"))
-                self.send(p.Unloaded(pending.unload_call, req.name, 0))
+                message = f"model {req.name!r} was unloaded while loading"
+                self.send(p.Error(request_id=req.request_id, reason=Reason.UNLOADED_WHILE_LOADING, message=message))
+                self.send(p.Unloaded(request_id=pending.unload_call, name=req.name, aborted=0))
                 continue
             self.models[req.name] = hosted
             self.send(hosted.loaded(req, pending.started))
@@ -217,9 +266,11 @@ class Worker:
         if loading:
             loading.unload_call = req.request_id
         elif hosted is None:
-            self.send(p.Error(req.request_id, "unload_failed", f"model {req.name!r} is not loaded", 404))
+            message = f"model {req.name!r} is not loaded"
+            self.send(p.Error(request_id=req.request_id, reason=Reason.NOT_LOADED, message=message))
         elif hosted.unload:
-            self.send(p.Error(req.request_id, "unload_failed", f"model {req.name!r} is already unloading", 409))
+            message = f"model {req.name!r} is already unloading"
+            self.send(p.Error(request_id=req.request_id, reason=Reason.ALREADY_UNLOADING, message=message))
         else:
             hosted.unload, hosted.deadline = req, time.monotonic() + max(0.0, req.drain_timeout)
 
@@ -231,15 +282,16 @@ class Worker:
             if (scheduler.running or scheduler.waiting) and not call.force:
                 hosted.unload = None
                 message = f"model {hosted.name!r} still has generations running after {call.drain_timeout:g} s"
-                self.send(p.Error(call.request_id, "unload_failed", message, 409))
+                self.send(p.Error(request_id=call.request_id, reason=Reason.DRAIN_TIMEOUT, message=message))
                 continue
             aborted = scheduler.abort_all()
+            message = f"model {hosted.name!r} was unloaded"
             for seq in aborted:
                 self.requests.pop(seq.request_id, None)
-                self.send(p.Error(seq.request_id, "model_unloaded", f"model {hosted.name!r} was unloaded", 503))
+                self.send(p.Error(request_id=seq.request_id, reason=Reason.MODEL_UNLOADED, message=message))
             del self.models[hosted.name]
             self.free_memory()
-            self.send(p.Unloaded(call.request_id, hosted.name, len(aborted)))
+            self.send(p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted)))
 
     def free_memory(self) -> None:
         gc.collect()
@@ -256,9 +308,18 @@ class Worker:
             memory = psutil.virtual_memory()
             total, used = memory.total, memory.total - memory.available
         models = [hosted.status() for hosted in self.models.values()]
-        return p.Status(request_id, self.device, os.getpid(), total, used, models)
+        return p.Status(
+            request_id=request_id,
+            device=self.device,
+            pid=os.getpid(),
+            memory_total=total,
+            memory_used=used,
+            models=models,
+        )
 
     def housekeeping(self) -> None:
+        if self.preparing:
+            self.finish_preparations()
         if self.loads:
             self.finish_loads()
         for hosted in self.models.values():
@@ -270,7 +331,7 @@ class Worker:
         now = time.monotonic()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + self.heartbeat_interval
-            self.send(p.Heartbeat(os.getpid()))
+            self.send(p.Heartbeat(pid=os.getpid()))
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 self.stop()
 
@@ -282,28 +343,31 @@ class Worker:
                 self.send(p.Paused(call_id))
 
     def shut_down(self) -> None:
-        for hosted in self.models.values():
-            for seq in hosted.scheduler.abort_all():
-                self.send(p.Error(seq.request_id, "server_shutting_down", "the worker is shutting down", 503, 1.0))
+        aborted = [*self.preparing, *(s.request_id for h in self.models.values() for s in h.scheduler.abort_all())]
+        for request_id in aborted:
+            message = "the worker is shutting down"
+            self.send(p.Error(request_id=request_id, reason=Reason.SHUTTING_DOWN, message=message))
+        self.preparing.clear()
         self.models.clear()
         self.loader.shutdown(wait=False, cancel_futures=True)
+        self.preparer.shutdown(wait=False, cancel_futures=True)
 
     def send(self, message: p.Message) -> None:
-        self.socket.send_multipart(p.encode(message))
+        self.socket.send(p.encode(message))
 
 
 def _load_problem(exc: Exception) -> str:
     return str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
 
 
-def _load_status(req: p.Load, exc: Exception) -> int:
+def _load_reason(req: p.Load, exc: Exception) -> Reason:
     if not Path(req.path).exists():
-        return 404
+        return Reason.CHECKPOINT_NOT_FOUND
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return 507
-    if isinstance(exc, ValueError) and not isinstance(exc, LoadError):
-        return 400
-    return 500
+        return Reason.OUT_OF_MEMORY
+    if isinstance(exc, ValueError):  # options the checkpoint cannot honour
+        return Reason.BAD_CHECKPOINT
+    return Reason.LOAD_FAILED
 
 
 def compute_threads() -> int:

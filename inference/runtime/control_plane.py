@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
@@ -25,7 +24,7 @@ from inference.runtime.engine_client import install_client
 from inference.runtime.router import ModelRouter, install_router
 from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
 from inference.services.model_lifecycle import LoadRequest, do_load_model
-from pantheon_site.audit import arecord_audit_event
+from pantheon_site.audit import AuditedCall, arecord_audit_event
 from pantheon_site.errors import ModelNotFound, PantheonError
 from pantheon_site.models import Outcome
 
@@ -52,14 +51,7 @@ class WorkerRecord:
 
 class ControlPlane:
     def __init__(self) -> None:
-        self.supervisor = WorkerSupervisor(
-            devices=settings.PANTHEON_WORKER_DEVICES or None,
-            on_crash=self._on_crash,
-            heartbeat_timeout=settings.PANTHEON_WORKER_HEARTBEAT_TIMEOUT_S,
-            ready_timeout=settings.PANTHEON_WORKER_START_TIMEOUT_S,
-            backoff_initial=settings.PANTHEON_WORKER_RESTART_BACKOFF_S,
-            backoff_max=settings.PANTHEON_WORKER_RESTART_BACKOFF_MAX_S,
-        )
+        self.supervisor = WorkerSupervisor.from_settings(on_crash=self._on_crash)
         self.client = self.supervisor.client
         self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand)
         self._sync_task: asyncio.Task | None = None
@@ -118,21 +110,14 @@ class ControlPlane:
         await self._load_from_catalog(name, trigger="on_demand")
 
     async def _load_from_catalog(self, name: str, *, trigger: str) -> None:
-        started = time.monotonic()
-        audit = {"actor_kind": "system", "actor_label": trigger, "model": name}
-        try:
+        """Loads a catalogued model as the system's own audited `model_load` (actor_label: the trigger)."""
+        async with AuditedCall("model_load", model=name, actor_kind="system", actor_label=trigger) as call:
             try:
                 model = await CatalogModel.objects.aget(name=name)
             except CatalogModel.DoesNotExist:
                 raise ModelNotFound(f"model {name!r} is not in the catalogue", reason="not_catalogued") from None
             row = await do_load_model(self.router, LoadRequest.from_catalog(model), operator=False)
-        except PantheonError as error:
-            duration = (time.monotonic() - started) * 1000.0
-            await arecord_audit_event("model_load", Outcome.REFUSED, error=error, duration_ms=duration, **audit)
-            raise
-        duration = (time.monotonic() - started) * 1000.0
-        details = {"trigger": trigger, "device": row["device"], "instance_id": row.get("instance_id")}
-        await arecord_audit_event("model_load", Outcome.ACCEPTED, duration_ms=duration, details=details, **audit)
+            call.details = {"trigger": trigger, "device": row["device"], "instance_id": row.get("instance_id")}
 
     # -- crashes and the database mirror --------------------------------------------------------------------------
 

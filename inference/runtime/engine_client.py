@@ -4,10 +4,11 @@ One asyncio ROUTER socket talks to every worker (each worker's DEALER connects w
 request is multiplexed by its request id. The hot path per generation is one SUBMIT out and one asyncio queue fed
 by the receive task; nothing here touches the database or Django.
 
-Tokenization and chat templating happen in the worker, which holds the tokenizer: `generate()` sends the chat
-messages and returns once the worker admitted the request (STARTED: prompt token count, window), or raises the
-refusal (context_over_budget, server_busy, ...) so a route can still choose its HTTP status; then the `Generation`
-yields TOKENS (token ids, text piece, logprobs) and ends with FINISHED (finish_reason, usage).
+Tokenization and chat templating happen in the worker, which holds the tokenizer: `generate()` sends a SUBMIT the
+caller built and returns once the worker admitted the request (STARTED: prompt token count, window), or raises the
+refusal as an `EngineError` carrying the worker's reason (prompt_too_long, queue_full, ...), so a route can still
+choose its HTTP status (inference/api/refusals.py); then the `Generation` yields TOKENS (token ids, text piece,
+logprobs) and ends with FINISHED (finish_reason, usage).
 
 A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers
 reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient`
@@ -23,14 +24,16 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import LoadOptions, ServingLimits
+from inference.engine.contract.reasons import Reason
 
 logger = logging.getLogger("pantheon.engine_client")
 
@@ -38,30 +41,27 @@ Event = p.Tokens | p.Finished
 
 
 class EngineError(Exception):
-    """A generation or call the engine refused or could not finish. `type` and `status` are the API's error type
-    and HTTP status for it (server_busy/429, context_over_budget/422, load_failed/404|409|500, ...)."""
+    """A generation or call the engine refused or could not finish, with the `Reason` and the data that goes with
+    it (kv_used/kv_cap for prompt_too_long). What a client sees for it is decided in inference/api/refusals.py."""
 
-    def __init__(self, message: str, *, type: str = "server_error", status: int = 500,
-                 retry_after: float | None = None, kv_used: int | None = None, kv_cap: int | None = None):  # fmt: skip
+    def __init__(self, message: str, reason: Reason, *, kv_used: int | None = None, kv_cap: int | None = None):
         super().__init__(message)
         self.message = message
-        self.type = type
-        self.status = status
-        self.retry_after = retry_after
+        self.reason = reason
         self.kv_used = kv_used
         self.kv_cap = kv_cap
 
     @classmethod
     def from_error(cls, error: p.Error) -> EngineError:
-        return cls(error.message, type=error.type, status=error.status, retry_after=error.retry_after,
-                   kv_used=error.kv_used, kv_cap=error.kv_cap)  # fmt: skip
+        return cls(error.message, error.reason, kv_used=error.kv_used, kv_cap=error.kv_cap)
 
 
 class WorkerDied(EngineError):
-    """The worker running this generation or call died (or its model is still being reloaded after a crash)."""
+    """The worker running this generation or call died (worker_died), or the model it names is still being
+    reloaded after such a crash (model_reloading)."""
 
-    def __init__(self, message: str):
-        super().__init__(message, type="server_error", status=503, retry_after=5.0)
+    def __init__(self, message: str, reason: Reason = Reason.WORKER_DIED):
+        super().__init__(message, reason)
 
 
 @dataclass(slots=True)
@@ -140,26 +140,22 @@ class EngineClient(Protocol):
 
     def models(self) -> dict[str, ModelPlacement]: ...
 
-    async def generate(
-        self,
-        model: str,
-        *,
-        messages: list[dict[str, Any]] | None = None,
-        prompt_token_ids: list[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        enable_thinking: bool | None = None,
-        sampling: dict[str, Any] | None = None,
-        max_tokens: int = 1024,
-        stop: Iterable[str] = (),
-        stop_token_ids: Iterable[int] = (),
-        ignore_eos: bool = False,
-        request_id: str | None = None,
-    ) -> Generation: ...
+    def workers(self) -> dict[str, WorkerLink]: ...
+
+    async def generate(self, submit: p.Submit) -> Generation: ...
 
     def abort(self, request_id: str) -> None: ...
 
-    async def load(self, name: str, path: str, *, device: str | None = None, timeout: float | None = None,
-                   **options: Any) -> p.Loaded: ...  # fmt: skip
+    async def load(
+        self,
+        name: str,
+        path: str,
+        *,
+        options: LoadOptions = ...,
+        limits: ServingLimits = ...,
+        device: str | None = None,
+        timeout: float | None = None,
+    ) -> p.Loaded: ...
 
     async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded: ...
 
@@ -254,26 +250,34 @@ class ZmqEngineClient:
         """Every model the engine holds or is loading, by served name."""
         return dict(self._models)
 
-    async def load(self, name: str, path: str, *, device: str | None = None, timeout: float | None = None,
-                   **options: Any) -> p.Loaded:  # fmt: skip
-        """Loads a checkpoint on `device` (default: a GPU worker with the fewest models, else cpu). `options` are
-        the other `p.Load` fields: quantize, dtype, max_context, max_concurrent, queue_depth, queue_timeout,
-        prefill_chunk. Raises EngineError(load_failed) or WorkerDied."""
+    async def load(
+        self,
+        name: str,
+        path: str,
+        *,
+        options: LoadOptions = LoadOptions(),
+        limits: ServingLimits = ServingLimits(),
+        device: str | None = None,
+        timeout: float | None = None,
+    ) -> p.Loaded:
+        """Loads a checkpoint on `device` (default: a GPU worker with the fewest models, else cpu) with the
+        operator's `options`, served within `limits`. Raises EngineError (a load reason) or WorkerDied."""
         if name in self._models:
             state = self._models[name].state
-            raise EngineError(f"model {name!r} is already {'loaded' if state == 'ready' else state}",
-                              type="load_failed", status=409)  # fmt: skip
+            message = f"model {name!r} is already {'loaded' if state == 'ready' else state}"
+            raise EngineError(message, Reason.ALREADY_LOADED)
         device = device or self._default_device()
         if device not in self._workers:
-            raise EngineError(f"no worker runs on device {device!r}", type="load_failed", status=400)
-        placement = ModelPlacement(name, device, "loading", p.Load(_new_id(), name, str(path), **options))
+            raise EngineError(f"no worker runs on device {device!r}", Reason.NO_WORKER)
+        load = p.Load(request_id=_new_id(), name=name, path=str(path), options=options, limits=limits)
+        placement = ModelPlacement(name, device, "loading", load)
         self._models[name] = placement
         return await self._load(placement, timeout)
 
     async def reload(self, name: str, *, timeout: float | None = None) -> p.Loaded:
         """Loads a "reloading" model again, with the options it was first loaded with."""
         placement = self._models[name]
-        placement.load = replace(placement.load, request_id=_new_id())
+        placement.load = msgspec.structs.replace(placement.load, request_id=_new_id())
         return await self._load(placement, timeout)
 
     async def _load(self, placement: ModelPlacement, timeout: float | None) -> p.Loaded:
@@ -288,9 +292,10 @@ class ZmqEngineClient:
                 raise
             # Timed out or cancelled: have the worker drop the model when its load ends, so the name stays free.
             with contextlib.suppress(WorkerDied):
-                self._send(placement.device, p.Unload(_new_id(), placement.name, 0.0))
+                self._send(placement.device, p.Unload(request_id=_new_id(), name=placement.name, drain_timeout=0.0))
             if isinstance(exc, TimeoutError):
-                raise EngineError(f"{placement.name!r} did not load within {timeout:g} s", type="load_failed") from exc
+                message = f"{placement.name!r} did not load within {timeout:g} s"
+                raise EngineError(message, Reason.LOAD_TIMEOUT) from exc
             raise
         placement.info, placement.state = info, "ready"
         return info
@@ -298,22 +303,24 @@ class ZmqEngineClient:
     async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded:
         """Stops routing to the model, lets its generations finish for up to `drain_timeout` s, frees it. At the
         deadline the generations still running end with EngineError(model_unloaded) when `force`; otherwise the
-        unload is called off with EngineError(unload_failed, 409) and the model stays. Raises
-        EngineError(unload_failed, 404 or 409) for a model that is not loaded or not in a state to unload."""
+        unload is called off with EngineError(drain_timeout) and the model stays. Raises EngineError (not_loaded,
+        load_in_progress, already_unloading) for a model that is not loaded or not in a state to unload."""
         placement = self._models.get(name)
         if placement is None:
-            raise EngineError(f"model {name!r} is not loaded", type="unload_failed", status=404)
-        if placement.state in ("loading", "unloading"):
-            raise EngineError(f"model {name!r} is {placement.state}", type="unload_failed", status=409)
+            raise EngineError(f"model {name!r} is not loaded", Reason.NOT_LOADED)
+        if placement.state == "loading":
+            raise EngineError(f"model {name!r} is loading", Reason.LOAD_IN_PROGRESS)
+        if placement.state == "unloading":
+            raise EngineError(f"model {name!r} is unloading", Reason.ALREADY_UNLOADING)
         if placement.state == "reloading":  # its worker is gone; just do not bring it back
             del self._models[name]
-            return p.Unloaded("", name, 0)
+            return p.Unloaded(request_id="", name=name, aborted=0)
         placement.state = "unloading"
-        call = p.Unload(_new_id(), name, drain_timeout, force)
+        call = p.Unload(request_id=_new_id(), name=name, drain_timeout=drain_timeout, force=force)
         try:
             reply = await self._call(placement.device, call, drain_timeout + 60)
         except WorkerDied:
-            reply = p.Unloaded(call.request_id, name, 0)
+            reply = p.Unloaded(request_id=call.request_id, name=name, aborted=0)
         except BaseException:
             placement.state = "ready"
             raise
@@ -322,50 +329,38 @@ class ZmqEngineClient:
 
     # -- generations ----------------------------------------------------------------------------------------------
 
-    async def generate(
-        self,
-        model: str,
-        *,
-        messages: list[dict[str, Any]] | None = None,
-        prompt_token_ids: list[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        enable_thinking: bool | None = None,
-        sampling: dict[str, Any] | None = None,
-        max_tokens: int = 1024,
-        stop: Iterable[str] = (),
-        stop_token_ids: Iterable[int] = (),
-        ignore_eos: bool = False,
-        request_id: str | None = None,
-    ) -> Generation:
-        """Submits a generation to the worker holding `model` (its exact served name) and waits for admission.
-
-        `sampling` holds `inference.engine.sampler.SamplingParams` fields (temperature, top_p, top_k, min_p, seed,
-        presence_penalty, frequency_penalty, logit_bias {token id: bias}, logprobs, top_logprobs).
-        Raises EngineError (model_not_found, context_over_budget, server_busy, invalid_request_error, ...) or
-        WorkerDied; cancelling the awaiting task aborts the request.
-        """
+    async def generate(self, submit: p.Submit) -> Generation:
+        """Submits a generation to the worker holding `submit.model` (its exact served name) and waits for its
+        admission. Raises EngineError (model_not_loaded, prompt_too_long, queue_full, bad_request, ...) or
+        WorkerDied (worker_died, model_reloading); cancelling the awaiting task aborts the request."""
+        model = submit.model
         placement = self._models.get(model)
         if placement is None or placement.state in ("loading", "unloading"):
             state = placement.state if placement else "not loaded"
-            raise EngineError(f"model {model!r} is {state}", type="model_not_found", status=404)
+            raise EngineError(f"model {model!r} is {state}", Reason.MODEL_NOT_LOADED)
         if placement.state == "reloading":
-            raise WorkerDied(f"the worker holding {model!r} crashed; the model is being reloaded")
-        submit = p.Submit(request_id or _new_id(), model, messages, prompt_token_ids, tools, enable_thinking,
-                          dict(sampling or {}), max_tokens, list(stop), list(stop_token_ids), ignore_eos)  # fmt: skip
+            message = f"the worker holding {model!r} crashed; the model is being reloaded"
+            raise WorkerDied(message, Reason.MODEL_RELOADING)
         return await self.submit(placement.device, submit)
 
     async def submit(self, device: str, submit: p.Submit) -> Generation:
         """Sends a SUBMIT to `device`'s worker and waits for its admission (what `generate` does once it has placed
-        the request). Every refusal reaches this request, even one for a frame the worker could not read."""
+        the request). Every refusal reaches this request, even one for a frame the worker could not read. A worker
+        that dies before admitting the request produced nothing for it: that is model_reloading (retry), not the
+        worker_died of a generation cut short."""
         request_id = submit.request_id
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (device, queue)
         try:
             self._send(device, submit)
             first = await queue.get()
-        except BaseException:
+        except BaseException as exc:
             self.abort(request_id)
+            if isinstance(exc, WorkerDied):
+                raise _not_started(exc) from exc
             raise
+        if isinstance(first, WorkerDied):
+            raise _not_started(first)
         if isinstance(first, BaseException):
             raise first
         return Generation(self, request_id, first, queue)
@@ -375,7 +370,7 @@ class ZmqEngineClient:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
             try:
-                self._send(stream[0], p.Abort(request_id))
+                self._send(stream[0], p.Abort(request_id=request_id))
             except WorkerDied:
                 pass
 
@@ -384,17 +379,17 @@ class ZmqEngineClient:
     async def status(self, timeout: float = 10.0) -> list[p.Status]:
         """Each live worker's models, memory and queues."""
         replies = await asyncio.gather(
-            *(self._call(device, p.StatusQuery(_new_id()), timeout) for device in self._workers),
+            *(self._call(device, p.StatusQuery(request_id=_new_id()), timeout) for device in self._workers),
             return_exceptions=True,
         )
         return [r for r in replies if isinstance(r, p.Status)]
 
     async def pause(self, model: str, timeout: float | None = None) -> None:
         """Stops admitting to `model` and returns once none of its sequences runs (a step boundary)."""
-        await self._call(self._device_of(model), p.Pause(_new_id(), model), timeout)
+        await self._call(self._device_of(model), p.Pause(request_id=_new_id(), model=model), timeout)
 
     async def resume(self, model: str) -> None:
-        await self._call(self._device_of(model), p.Resume(_new_id(), model), 10.0)
+        await self._call(self._device_of(model), p.Resume(request_id=_new_id(), model=model), 10.0)
 
     # -- transport ------------------------------------------------------------------------------------------------
 
@@ -407,7 +402,7 @@ class ZmqEngineClient:
     def _device_of(self, model: str) -> str:
         placement = self._models.get(model)
         if placement is None or placement.state != "ready":
-            raise EngineError(f"model {model!r} is not loaded", type="model_not_found", status=404)
+            raise EngineError(f"model {model!r} is not loaded", Reason.MODEL_NOT_LOADED)
         return placement.device
 
     async def _call(self, device: str, message: p.Message, timeout: float | None) -> p.Message:
@@ -424,15 +419,15 @@ class ZmqEngineClient:
         link = self._workers.get(device)
         if link is None or self._socket is None:
             raise WorkerDied(f"no live worker on {device}")
-        sent = self._socket.send_multipart([link.identity, *p.encode(message)])
+        sent = self._socket.send_multipart([link.identity, p.encode(message)])
         if sent.done() and sent.exception() is not None:
             raise WorkerDied(f"the worker on {device} cannot be reached: {sent.exception()}")
 
     async def _receive(self) -> None:
         while True:
-            identity, *frames = await self._socket.recv_multipart()
+            identity, frame = await self._socket.recv_multipart()
             try:
-                message = p.decode(frames)
+                message = p.decode_from_worker(frame)
             except Exception:  # one bad message must not stop every stream
                 logger.exception("dropped a message from worker %r", identity)
                 continue
@@ -467,7 +462,7 @@ class ZmqEngineClient:
                 elif request_id in self._calls and not self._calls[request_id][1].done():
                     self._calls[request_id][1].set_exception(error)
                 else:
-                    logger.warning("worker %s: %s: %s", link.device, message.type, message.message)
+                    logger.warning("worker %s: %s: %s", link.device, message.reason, message.message)
             case _:
                 call = self._calls.get(message.request_id)
                 if call and not call[1].done():
@@ -490,16 +485,19 @@ _installed: EngineClient | None = None
 
 
 def install_client(client: EngineClient | None) -> None:
-    """Makes `client` the one `get_client()` returns (the serve command installs the supervisor's client)."""
+    """Makes `client` the one `installed_client()` returns (the serve command installs the supervisor's client)."""
     global _installed
     _installed = client
 
 
-def get_client() -> EngineClient:
-    """The process's engine client; EngineError (503) when the engine is not running."""
-    if _installed is None:
-        raise EngineError("the inference engine is not running", type="server_error", status=503)
+def installed_client() -> EngineClient | None:
+    """The process's engine client; None when the engine does not run in this process (a management shell)."""
     return _installed
+
+
+def _not_started(died: WorkerDied) -> WorkerDied:
+    message = f"{died.message}; the request had not started and its model is being reloaded"
+    return WorkerDied(message, Reason.MODEL_RELOADING)
 
 
 def _new_id() -> str:

@@ -18,9 +18,10 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from inference.engine.contract.params import LoadOptions
 from inference.runtime.engine_client import EngineClient, ModelPlacement
 from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown
 
@@ -28,21 +29,6 @@ T = TypeVar("T")
 
 LOAD_POLICY_HEADER = "X-miLLM-Load-Policy"
 SERVING_STATES = ("ready", "reloading")  # reloading: its worker crashed and is coming back; requests get 500 meanwhile
-
-
-@dataclass(slots=True)
-class LoadOptions:
-    """What a load asked for. 0 means the engine's default (for reasoning_budget: unbounded); "" dtype is automatic."""
-
-    ctx_cap: int = 0
-    max_sessions: int = 0
-    max_concurrent: int = 0
-    reasoning_budget: int = 0
-    quantize: bool = False
-    dtype: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(slots=True)

@@ -23,11 +23,13 @@ from django.utils import timezone
 from inference.api.model_rows import admin_model_row
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
+from inference.engine.contract.checkpoint import Checkpoint
+from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
 from inference.runtime.engine_client import EngineError
 from inference.runtime.host_probe import dies_visible
-from inference.runtime.router import LoadOptions, ModelRouter, ServedModel
-from inference.services.checkpoints import CheckpointInfo, inspect_checkpoint
+from inference.runtime.router import ModelRouter, ServedModel
+from inference.services.catalogue import checkpoint_at, do_catalogue_model
 from pantheon_site.errors import LoadFailed, UnloadFailed
 
 logger = logging.getLogger("pantheon.models")
@@ -41,31 +43,24 @@ class LoadRequest:
     name: str = ""
     device: str = ""  # "" : a GPU worker with the fewest models, else cpu
     dies: list[int] = field(default_factory=list)
-    options: LoadOptions = field(default_factory=LoadOptions)
+    options: LoadOptions = LoadOptions()
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> LoadRequest:
-        """From LoadModelSerializer's validated data."""
-        options = LoadOptions(
-            ctx_cap=body.get("ctx_cap", 0),
-            max_sessions=body.get("max_sessions", 0),
-            max_concurrent=body.get("max_concurrent", 0),
-            reasoning_budget=body.get("reasoning_budget", 0),
-            quantize=body.get("quantize", False),
-            dtype=body.get("dtype", ""),
-        )
+        """From LoadModelSerializer's validated data, which holds every LoadOptions field."""
+        options = LoadOptions(**{name: body[name] for name in LoadOptions.__struct_fields__})
         return cls(body["path"], body.get("name", ""), body.get("device", ""), list(body.get("dies") or []), options)
 
     @classmethod
     def from_catalog(cls, model: CatalogModel) -> LoadRequest:
-        return cls(model.path, model.name, model.device, [], LoadOptions(**model.load_options()))
+        return cls(model.path, model.name, model.device, [], model.load_options)
 
 
 async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: bool = True) -> dict[str, Any]:
     """Loads `request` and returns its /admin/models row. `operator`: the load is an operator's, so its path and
     options become the catalogue's defaults for that name and `serve` loads it again at start; a load from the
     catalogue (on demand, at start) leaves the row as it is. Raises LoadFailed (400, 404, 409, 507, 500)."""
-    info = await asyncio.to_thread(inspect_checkpoint, request.path)
+    info = await asyncio.to_thread(checkpoint_at, request.path)
     name = request.name or info.default_name
     placement = router.placements().get(name)
     if placement is not None:
@@ -75,7 +70,7 @@ async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: 
 
 
 async def _load(
-    router: ModelRouter, request: LoadRequest, info: CheckpointInfo, name: str, operator: bool
+    router: ModelRouter, request: LoadRequest, info: Checkpoint, name: str, operator: bool
 ) -> dict[str, Any]:
     """The load itself, as the one load of `name` in progress: place, admit, load on the worker, record."""
     client = router.client
@@ -84,12 +79,16 @@ async def _load(
     options = request.options
     max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
     try:
+        limits = ServingLimits(
+            max_concurrent=max_concurrent,
+            queue_depth=settings.PANTHEON_QUEUE_DEPTH,
+            queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
+            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK,
+            min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
+        )
         loaded = await client.load(
-            name, info.path, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S, quantize=options.quantize,
-            dtype=options.dtype or None, max_context=options.ctx_cap, max_concurrent=max_concurrent,
-            queue_depth=settings.PANTHEON_QUEUE_DEPTH, queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
-            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK, min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
-        )  # fmt: skip
+            name, info.path, options=options, limits=limits, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S
+        )
     except EngineError as exc:
         raise _as_load_failure(exc) from exc
     except TimeoutError:
@@ -132,7 +131,7 @@ def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
     return device
 
 
-async def _admit(router: ModelRouter, device: str, info: CheckpointInfo) -> None:
+async def _admit(router: ModelRouter, device: str, info: Checkpoint) -> None:
     """Refuses (507) a checkpoint larger on disk than the device's free memory: it cannot fit once loaded."""
     statuses = await router.client.status()
     status = next((s for s in statuses if s.device == device), None)
@@ -145,26 +144,19 @@ async def _admit(router: ModelRouter, device: str, info: CheckpointInfo) -> None
 
 
 def _as_load_failure(exc: EngineError) -> LoadFailed:
+    """The load route's error for an engine refusal: its own when the reason is a load reason, else 500."""
     error = as_api_error(exc)
-    if isinstance(error, LoadFailed):
-        return error
-    return LoadFailed(exc.message, status=500 if exc.status < 400 or exc.status >= 500 else exc.status,
-                      reason=exc.type)  # fmt: skip
+    return error if isinstance(error, LoadFailed) else LoadFailed(exc.message, reason=exc.reason.value)
 
 
 def _record_load(
-    name: str, info: CheckpointInfo, request: LoadRequest, loaded: p.Loaded, max_concurrent: int, operator: bool
+    name: str, info: Checkpoint, request: LoadRequest, loaded: p.Loaded, max_concurrent: int, operator: bool
 ) -> int:
     options = request.options
     with transaction.atomic():
         if operator:
-            catalog, _ = CatalogModel.objects.update_or_create(
-                name=name,
-                defaults={"path": info.path, "format": info.format, "architecture": loaded.architecture[:64],
-                          "size_bytes": info.size_bytes, "autoload": True,
-                          "device": loaded.device if request.device or request.dies else "",
-                          **options.as_dict()},
-            )  # fmt: skip
+            device = loaded.device if request.device or request.dies else ""
+            catalog = do_catalogue_model(name, info, options, device=device, architecture=loaded.architecture)
         else:
             catalog = CatalogModel.objects.get(name=name)
         ModelInstance.objects.filter(served_name=name, state=InstanceState.FAILED).delete()
@@ -174,7 +166,7 @@ def _record_load(
             worker=Worker.objects.filter(device=loaded.device).first(),
             device=loaded.device,
             state=InstanceState.READY,
-            load_options=options.as_dict(),
+            load_options=options,
             memory_bytes=loaded.weight_bytes + loaded.kv_bytes,
             max_sessions=options.max_sessions or loaded.max_concurrent,
             max_concurrent=loaded.max_concurrent,
@@ -207,7 +199,7 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
         await sync_to_async(_set_instance_state)(served, InstanceState.READY)
         error = as_api_error(exc)
         if not isinstance(error, UnloadFailed):
-            error = UnloadFailed(exc.message, reason=exc.type)
+            error = UnloadFailed(exc.message, reason=exc.reason.value)
         raise error from exc
     router.served.pop(name, None)
     await sync_to_async(_record_unload)(name, served)

@@ -1,20 +1,19 @@
 """The base of Pantheon's management commands: one audit event per state-changing run, errors as CommandError.
 
-A command implements `perform(**options) -> CommandResult`. The base times it, writes the audit event (actor_kind
-"cli", actor_label the OS user) — accepted, or refused with the error — and only then prints the result's lines, so
-whatever a command prints last (create_token's secret) really is the last line of its output.
+A command implements `perform(**options) -> CommandResult`. The base runs it as one AuditedCall (`self.audit`;
+actor_kind "cli", actor_label the OS user), which writes the audit event — accepted, or refused with the error —
+and only then prints the result's lines, so whatever a command prints last (create_token's secret) really is the
+last line of its output. A command that hands its work to the running server sets `self.audit.audited_elsewhere`.
 """
 
 import getpass
 import os
-import time
 from dataclasses import dataclass, field
 
 from django.core.management.base import BaseCommand, CommandError
 
-from pantheon_site.audit import record_audit_event
-from pantheon_site.errors import PantheonError
-from pantheon_site.models import Outcome
+from pantheon_site.audit import AuditedCall
+from pantheon_site.errors import InvalidRequest, PantheonError
 
 
 @dataclass(slots=True)
@@ -43,7 +42,8 @@ def format_table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 class PantheonCommand(BaseCommand):
-    """Set `operation` on commands that change state (they are audited); leave it None on read-only ones.
+    """Set `operation` on commands that change state (they are audited); leave it None on read-only ones (their
+    AuditedCall writes nothing).
 
     `audit_model(options)` names the model a refused run was about (a successful run returns it in its result).
     """
@@ -57,38 +57,20 @@ class PantheonCommand(BaseCommand):
         return ""
 
     def handle(self, *args, **options):
-        started = time.monotonic()
+        self.audit = AuditedCall(
+            self.operation, model=self.audit_model(options), actor_kind="cli", actor_label=os_user()
+        )
         try:
-            result = self.perform(**options)
-        except Exception as exc:
-            if self.operation is not None:
-                self._audit_refusal(exc, options, started)
-            if isinstance(exc, PantheonError):
-                raise CommandError(exc.message) from exc
-            raise
-        if self.operation is not None:
-            record_audit_event(
-                self.operation,
-                Outcome.ACCEPTED,
-                actor_kind="cli",
-                actor_label=os_user(),
-                model=result.model,
-                details=result.details,
-                duration_ms=(time.monotonic() - started) * 1000.0,
-            )
+            with self.audit:
+                result = self._perform(options)
+                self.audit.model, self.audit.details = result.model, result.details
+        except PantheonError as exc:
+            raise CommandError(exc.message) from exc
         for line in result.lines:
             self.stdout.write(line)
 
-    def _audit_refusal(self, exc: Exception, options: dict, started: float) -> None:
-        error = exc if isinstance(exc, PantheonError) else None
-        record_audit_event(
-            self.operation,
-            Outcome.REFUSED,
-            actor_kind="cli",
-            actor_label=os_user(),
-            error=error,
-            error_type="" if error else ("invalid_request_error" if isinstance(exc, CommandError) else "server_error"),
-            reason="" if error else str(exc),
-            model=self.audit_model(options),
-            duration_ms=(time.monotonic() - started) * 1000.0,
-        )
+    def _perform(self, options: dict) -> CommandResult:
+        try:
+            return self.perform(**options)
+        except CommandError as exc:  # Django's word for a bad invocation: audited as the request error it is
+            raise InvalidRequest(str(exc), reason="command_error") from exc

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import SamplingParams
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import PackedLinear, Transformer
-from inference.engine.sampler import SamplingParams, SequenceSampling
+from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -27,8 +28,8 @@ PROMPTS = [
 @pytest.fixture
 def runner(stories_hf_dir) -> ModelRunner:
     checkpoint = read_hf_dir(stories_hf_dir)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=64)
-    return ModelRunner(model, max_slots=6, max_context=64)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    return ModelRunner(model, max_concurrent=6, context_window=64)
 
 
 def greedy_continuation(runner: ModelRunner, slots: list[int], first: torch.Tensor, steps: int) -> list[list[int]]:
@@ -69,7 +70,7 @@ def test_packed_linear_matches_linear_and_each_row_is_independent_of_its_batch()
 
 
 def test_a_burst_of_short_prompts_gets_its_first_tokens_in_one_step_and_the_same_text(stories_hf_dir):
-    model = load_model(stories_hf_dir, max_slots=4)
+    model = load_model(stories_hf_dir, max_concurrent=4)
     prompts = [model.tokenizer.encode(text) for text in ("Once upon a time", "The sun", "One day, a cat", "Lily")]
 
     def greedy(scheduler: Scheduler) -> tuple[list[list[int]], list[p.Message]]:
@@ -82,7 +83,7 @@ def test_a_burst_of_short_prompts_gets_its_first_tokens_in_one_step_and_the_same
                     detokenizer=IncrementalDetokenizer(model.tokenizer),
                     stop_token_ids=set(model.eos_token_ids),
                     max_tokens=16,
-                    max_length=model.runner.max_context,
+                    context_window=model.runner.context_window,
                 )
             )
         first_step = scheduler.step()

@@ -43,9 +43,15 @@ def test_generate_streams_text_without_json(stories_hf_dir):
 
 
 def test_seeded_sampling_reproduces(stories_hf_dir):
-    args = ("generate", str(stories_hf_dir), "--prompt", "Once", "--temperature", "1.0", "--seed", "7", "--json")
-    first, second = (json.loads(run_cli(*args).stdout)["token_ids"] for _ in range(2))
+    def sample(seed: str) -> list[int]:
+        sampled = ("--temperature", "1.0", "--seed", seed, "--max-tokens", "32")
+        result = run_cli("generate", str(stories_hf_dir), "--prompt", "Once", *sampled, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["token_ids"]
+
+    first, second = sample("7"), sample("7")
     assert first == second
+    assert sample("8") != first  # the seed decides the draw: an ignored seed or temperature would not show above
 
 
 def test_demo_model_round_trip_with_chat(tmp_path):

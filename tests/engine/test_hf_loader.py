@@ -166,15 +166,15 @@ def test_load_model_refuses_what_is_not_a_checkpoint(tmp_path):
 
 
 def test_load_model_hf_directory(stories_hf_dir):
-    loaded = load_model(stories_hf_dir, max_slots=2)
+    loaded = load_model(stories_hf_dir, max_concurrent=2)
     assert loaded.format == "hf" and loaded.dtype == torch.float32 and loaded.device == torch.device("cpu")
     assert loaded.eos_token_ids == [2]
-    assert loaded.runner.max_context == 512 and loaded.runner.max_slots == 2
+    assert loaded.runner.context_window == 512 and loaded.runner.max_concurrent == 2
     # every parameter once, plus the tied head's transposed copy (CPU linear layers keep [in, out] weights)
     assert loaded.weight_bytes == (260_032 + 512 * 64) * 4
     prompt = loaded.tokenizer.encode("Once upon a time")
     assert prompt == [1, 403, 407, 261, 378]
     slot = loaded.runner.allocate_slot()
     assert loaded.tokenizer.decode([int(loaded.runner.prefill(slot, prompt).argmax())]) == ","  # "Once upon a time,"
-    with pytest.raises(LoadError, match="max_context"):
-        load_model(stories_hf_dir, max_context=513)
+    with pytest.raises(LoadError, match="context_window"):
+        load_model(stories_hf_dir, context_window=513)

@@ -65,10 +65,10 @@ def make_checkpoint(name: str, tied: bool, path) -> AutoModelForCausalLM:
     return model
 
 
-def load_runner(path, max_slots: int = 4) -> ModelRunner:
+def load_runner(path, max_concurrent: int = 4) -> ModelRunner:
     checkpoint = read_hf_dir(path)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=128)
-    return ModelRunner(model, max_slots=max_slots, max_context=128)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=128)
+    return ModelRunner(model, max_concurrent=max_concurrent, context_window=128)
 
 
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
@@ -110,8 +110,8 @@ def test_llama3_rope_scaling_changes_the_model(tmp_path):
     ids = list(range(1, 60))
     outputs = []
     for config in (checkpoint.config, dataclasses.replace(checkpoint.config, rope_scaling=None)):
-        model = Transformer.from_hf_weights(config, checkpoint.tensors, max_context=128)
-        runner = ModelRunner(model, max_slots=1, max_context=128)
+        model = Transformer.from_hf_weights(config, checkpoint.tensors, context_window=128)
+        runner = ModelRunner(model, max_concurrent=1, context_window=128)
         outputs.append(runner.prefill(runner.allocate_slot(), ids, all_logits=True))
     assert (outputs[0][-1] - outputs[1][-1]).abs().max().item() > 1e-2
 
@@ -122,8 +122,10 @@ def test_half_precision_runs_close_to_float32(dtype, tmp_path):
     checkpoint = read_hf_dir(tmp_path)
     logits = {}
     for model_dtype in (torch.float32, dtype):
-        model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=128, dtype=model_dtype)
-        runner = ModelRunner(model, max_slots=2, max_context=128)
+        model = Transformer.from_hf_weights(
+            checkpoint.config, checkpoint.tensors, context_window=128, dtype=model_dtype
+        )
+        runner = ModelRunner(model, max_concurrent=2, context_window=128)
         slots = [runner.allocate_slot(), runner.allocate_slot()]
         runner.prefill(slots[0], PROMPTS[0])
         runner.prefill(slots[1], PROMPTS[1])
@@ -144,9 +146,9 @@ def test_stories260k_greedy_generation_matches_transformers(stories_hf_dir):
 
     checkpoint = read_hf_dir(stories_hf_dir)
     runner = ModelRunner(
-        Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=512),
-        max_slots=1,
-        max_context=512,
+        Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=512),
+        max_concurrent=1,
+        context_window=512,
     )
     slot = runner.allocate_slot()
     tokens = [int(runner.prefill(slot, prompt).argmax())]

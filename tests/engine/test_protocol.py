@@ -1,79 +1,118 @@
-"""The worker protocol's frames: every message survives encoding unchanged, is two frames with a one-byte kind,
-and anything else is refused as a ProtocolError."""
+"""The worker protocol's frames: every message survives encoding unchanged as one frame, each side accepts only the
+messages meant for it, with its fields' types checked, and anything else is a ProtocolError that still names the
+request it came with."""
 
-import msgpack
+import msgspec
 import pytest
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
+from inference.engine.contract.reasons import Reason
 
-MESSAGES = [
-    p.Submit("r1", "m", messages=[{"role": "user", "content": "héllo"}], tools=[{"type": "function"}],
-             enable_thinking=False, sampling={"temperature": 0.5, "logit_bias": {7: -100.0}}, max_tokens=9,
-             stop=["\n\n"], stop_token_ids=[2], ignore_eos=True),
-    p.Submit("r2", "m", prompt_token_ids=[1, 2, 3]),
-    p.Abort("r1"),
-    p.Load("c1", "m", "/models/x.gguf", quantize=True, dtype="bfloat16", max_context=2048, max_concurrent=4,
-           queue_depth=32, queue_timeout=30.0, prefill_chunk=64),
-    p.Unload("c2", "m", drain_timeout=1.5, force=False),
-    p.StatusQuery("c3"),
-    p.Pause("c4", "m"),
-    p.Resume("c5", None),
+TO_WORKER = [
+    p.Submit(request_id="r1", model="m", messages=[{"role": "user", "content": "héllo"}],
+             tools=[{"type": "function"}], enable_thinking=False,
+             sampling=SamplingParams(temperature=0.5, logit_bias={7: -100.0}), max_tokens=9, stop=["\n\n"],
+             stop_token_ids=[2], ignore_eos=True),
+    p.Submit(request_id="r2", model="m", prompt_token_ids=[1, 2, 3]),
+    p.Abort(request_id="r1"),
+    p.Load(request_id="c1", name="m", path="/models/x.gguf", options=LoadOptions(quantize=True, dtype="bfloat16",
+           ctx_cap=2048), limits=ServingLimits(max_concurrent=4, queue_depth=32, queue_timeout=30.0, prefill_chunk=64)),
+    p.Unload(request_id="c2", name="m", drain_timeout=1.5, force=False),
+    p.StatusQuery(request_id="c3"),
+    p.Pause(request_id="c4", model="m"),
+    p.Resume(request_id="c5", model=None),
     p.Shutdown(),
-    p.Ready("cuda:1", 123, cuda_devices=2),
-    p.Heartbeat(123),
-    p.Started("r1", 12, 0, 4096),
-    p.Tokens("r1", [7, 8], "a\ufffdb", [p.TokenLogprob(7, b"\xe2\x80", -0.25, [p.TopLogprob(7, b"\xe2\x80", -0.25)])]),
-    p.Tokens("r1", [9], ""),
-    p.Finished("r1", "length", 12, 9, 0, 21, 4096),
-    p.Error("r1", "context_over_budget", "too long", 422, kv_used=5000, kv_cap=4096),
-    p.Error(None, "invalid_request_error", "bad frame", 400, retry_after=1.0),
-    p.Loaded("c1", "m", "/models/x.gguf", "gguf", "llama", "cuda:1", "bfloat16", 10, 20, 2048, 4, 0.5),
-    p.Unloaded("c2", "m", 1),
-    p.Status("c3", "cpu", 123, 1000, 500, [p.ModelStatus("m", "/x", "ready", 1, 2, 0, 4, 0, 3, 4, 2048)]),
-    p.Paused("c4"),
-    p.Resumed("c5"),
-    p.StepOutputs([p.Started("r2", 3, 0, 4096), p.Tokens("r2", [5], "x"),
-                   p.Tokens("r1", [7], "é", [p.TokenLogprob(7, b"\xc3\xa9", -0.5, [p.TopLogprob(7, b"\xc3", -1.5)])]),
-                   p.Finished("r1", "stop", 12, 10, 0, 22, 4096), p.Error("r3", "server_error", "boom", 500)]),
-    p.StepOutputs([]),
+]  # fmt: skip
+
+FROM_WORKER = [
+    p.Ready(device="cuda:1", pid=123, cuda_devices=2),
+    p.Heartbeat(pid=123),
+    p.Started(request_id="r1", prompt_tokens=12, cached_tokens=0, kv_cap=4096),
+    p.Tokens(request_id="r1", token_ids=[7, 8], text="a\ufffdb", logprobs=[
+        p.TokenLogprob(token_id=7, token=b"\xe2\x80", logprob=-0.25,
+                       top=[p.TopLogprob(token_id=7, token=b"\xe2\x80", logprob=-0.25)])]),
+    p.Tokens(request_id="r1", token_ids=[9], text=""),
+    p.Finished(request_id="r1", finish_reason="length", prompt_tokens=12, completion_tokens=9, cached_tokens=0,
+               kv_used=21, kv_cap=4096),
+    p.Error(request_id="r1", reason=Reason.PROMPT_TOO_LONG, message="too long", kv_used=5000, kv_cap=4096),
+    p.Error(request_id=None, reason=Reason.BAD_REQUEST, message="bad frame"),
+    p.Loaded(request_id="c1", name="m", path="/models/x.gguf", format="gguf", architecture="llama", device="cuda:1",
+             dtype="bfloat16", weight_bytes=10, kv_bytes=20, context_window=2048, context_window_configured=4096,
+             max_concurrent=4, load_seconds=0.5),
+    p.Unloaded(request_id="c2", name="m", aborted=1),
+    p.Status(request_id="c3", device="cpu", pid=123, memory_total=1000, memory_used=500, models=[
+        p.ModelStatus(name="m", path="/x", state="ready", weight_bytes=1, kv_bytes=2, slots_used=0, slots_total=4,
+                      running=0, waiting=3, max_concurrent=4, context_window=2048)]),
+    p.Paused(request_id="c4"),
+    p.Resumed(request_id="c5"),
+    p.StepOutputs(messages=[
+        p.Started(request_id="r2", prompt_tokens=3, cached_tokens=0, kv_cap=4096),
+        p.Tokens(request_id="r2", token_ids=[5], text="x"),
+        p.Finished(request_id="r1", finish_reason="stop", prompt_tokens=12, completion_tokens=10, cached_tokens=0,
+                   kv_used=22, kv_cap=4096),
+        p.Error(request_id="r3", reason=Reason.GENERATION_FAILED, message="boom")]),
+    p.StepOutputs(messages=[]),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
-def test_every_message_round_trips_as_two_frames(message):
-    frames = p.encode(message)
-    assert len(frames) == 2 and len(frames[0]) == 1
-    assert p.decode(frames) == message
+@pytest.mark.parametrize("message", TO_WORKER, ids=lambda m: type(m).__name__)
+def test_every_message_to_a_worker_round_trips_as_one_frame(message):
+    assert p.decode_to_worker(p.encode(message)) == message
+
+
+@pytest.mark.parametrize("message", FROM_WORKER, ids=lambda m: type(m).__name__)
+def test_every_message_from_a_worker_round_trips_as_one_frame(message):
+    assert p.decode_from_worker(p.encode(message)) == message
 
 
 def test_kinds_are_distinct():
-    kinds = [cls.KIND for cls in p.Message.__args__]
+    kinds = [cls.__struct_config__.tag for cls in (*p.ToWorker.__args__, *p.FromWorker.__args__)]
     assert len(set(kinds)) == len(kinds)
 
 
+def test_each_side_accepts_only_what_is_meant_for_it():
+    with pytest.raises(p.ProtocolError):
+        p.decode_to_worker(p.encode(p.Heartbeat(pid=1)))
+    with pytest.raises(p.ProtocolError):
+        p.decode_from_worker(p.encode(p.Abort(request_id="r1")))
+
+
+def _submit_values() -> list:
+    return msgspec.msgpack.decode(p.encode(p.Submit(request_id="r9", model="m", prompt_token_ids=[1])))
+
+
+def _with(values: list, index: int, value) -> bytes:
+    values = list(values)
+    values[index] = value
+    return msgspec.msgpack.encode(values)
+
+
 @pytest.mark.parametrize(
-    "frames",
+    ("frame", "request_id"),
     [
-        [b"Z", msgpack.packb(["x"])],  # unknown kind
-        [b"A"],  # payload missing
-        [b"A", b"\xc1"],  # not msgpack
-        [b"A", msgpack.packb(["r1", "extra", "fields"])],  # wrong arity
-        [b"S", msgpack.packb(7)],  # not an array
-        [b"b", msgpack.packb([ord("S"), ["r1", "m"]])],  # a step carries only its generations' outputs
-        [b"b", msgpack.packb([ord("b"), []])],  # no step inside a step
-        [b"b", msgpack.packb([ord("t"), ["r1", [7]]])],  # an inner message of the wrong arity
-        [b"b", msgpack.packb([ord("t")])],  # a kind without its fields
+        (msgspec.msgpack.encode(["Z", "x"]), "x"),  # unknown kind
+        (b"", None),  # empty
+        (b"\xc1", None),  # not msgpack
+        (msgspec.msgpack.encode(["A", "r1", "extra", "fields"]), "r1"),  # wrong arity
+        (msgspec.msgpack.encode(7), None),  # not an array
+        (_with(_submit_values(), 7, {"top_k": "5"}), "r9"),  # a mistyped sampling field
+        (_with(_submit_values(), 7, {"warmth": 1.0}), "r9"),  # a sampling field nobody knows
+        (_with(_submit_values(), 7, {"temperature": float("nan")}), "r9"),  # an invariant broken
+        (_with(_submit_values(), 4, None), "r9"),  # neither messages nor prompt token ids
+        (_with(_submit_values(), 8, "7"), "r9"),  # max_tokens a string
     ],
 )
-def test_anything_else_is_a_protocol_error(frames):
-    with pytest.raises(p.ProtocolError):
-        p.decode(frames)
+def test_anything_else_is_a_protocol_error_naming_its_request(frame, request_id):
+    with pytest.raises(p.ProtocolError) as refused:
+        p.decode_to_worker(frame)
+    assert refused.value.request_id == request_id
 
 
 def test_a_step_is_one_message_as_compact_as_its_parts():
     """Eight streams' tokens of one step travel as one message, in order, in the bytes of eight messages alone."""
-    tokens = [p.Tokens(f"{i:032x}", [100 + i], " word") for i in range(8)]
-    frames = p.encode(p.StepOutputs(tokens))
-    assert len(frames) == 2 and p.decode(frames).messages == tokens
-    alone = sum(len(f) for t in tokens for f in p.encode(t))
-    assert len(frames[1]) <= alone + 3  # + the one array header
+    tokens = [p.Tokens(request_id=f"{i:032x}", token_ids=[100 + i], text=" word") for i in range(8)]
+    frame = p.encode(p.StepOutputs(messages=tokens))
+    assert p.decode_from_worker(frame).messages == tokens
+    alone = sum(len(p.encode(t)) for t in tokens)
+    assert len(frame) <= alone + 4  # + its own array header, tag and list header

@@ -34,7 +34,7 @@ def greedy(runner: ModelRunner, prompt: list[int], count: int) -> tuple[torch.Te
 
 @pytest.fixture(scope="module")
 def float_and_int8(stories_hf_dir):
-    return load_model(stories_hf_dir, max_slots=1), load_model(stories_hf_dir, max_slots=1, quantize=True)
+    return load_model(stories_hf_dir, max_concurrent=1), load_model(stories_hf_dir, max_concurrent=1, quantize=True)
 
 
 def test_stories260k_int8_logits_stay_close(float_and_int8):
@@ -81,10 +81,10 @@ def test_int8_with_qkv_bias_and_qk_norm(tmp_path):
     }
     logits = []
     for quantize in (False, True):
-        model = Transformer.from_hf_weights(config, tensors, max_context=64)
+        model = Transformer.from_hf_weights(config, tensors, context_window=64)
         if quantize:
             quantize_linears(model)
-        logits.append(greedy(ModelRunner(model, max_slots=1, max_context=64), list(range(10, 30)), 1)[0])
+        logits.append(greedy(ModelRunner(model, max_concurrent=1, context_window=64), list(range(10, 30)), 1)[0])
     assert ((logits[1] - logits[0]).norm() / logits[0].norm()).item() < RANDOM_REL
 
 

@@ -20,8 +20,8 @@ def checkpoint(stories_hf_dir):
 
 @pytest.fixture
 def runner(checkpoint) -> ModelRunner:
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, max_context=64)
-    return ModelRunner(model, max_slots=3, max_context=64)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    return ModelRunner(model, max_concurrent=3, context_window=64)
 
 
 def test_chunked_prefill_gives_the_same_logits_as_one_prefill(runner):

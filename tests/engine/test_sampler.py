@@ -6,6 +6,7 @@ against those distributions with a chi-square test over a few thousand seeded dr
 
 import math
 
+import msgspec
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -15,7 +16,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from inference.engine.sampler import SamplingParams, SequenceSampling, sample_batch
+from inference.engine.contract.params import SamplingParams
+from inference.engine.sampler import SequenceSampling, sample_batch
 from inference.engine.token_draw import HEAD_LIMIT
 
 
@@ -50,7 +52,7 @@ def draw_many(logits: torch.Tensor, params: SamplingParams, draws: int) -> torch
 
 
 def _fields(params: SamplingParams) -> dict:
-    return {name: getattr(params, name) for name in SamplingParams.__slots__}
+    return msgspec.structs.asdict(params)
 
 
 def assert_follows(tokens: torch.Tensor, probs: torch.Tensor) -> None:

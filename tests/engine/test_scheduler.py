@@ -5,8 +5,10 @@ pausing behave as a client would notice."""
 import pytest
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import SamplingParams
+from inference.engine.contract.reasons import Reason
 from inference.engine.loaders.loading import load_model
-from inference.engine.sampler import SamplingParams, SequenceSampling
+from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -16,7 +18,7 @@ PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big do
 
 @pytest.fixture(scope="module")
 def model(stories_hf_dir):
-    return load_model(stories_hf_dir, max_slots=4)
+    return load_model(stories_hf_dir, max_concurrent=4)
 
 
 def greedy_reference(model, prompt_ids, max_tokens):
@@ -46,7 +48,7 @@ def sequence(model, request_id, prompt_ids, *, max_tokens=40, stop=(), temperatu
         stop_token_ids=set(model.eos_token_ids),
         stop=list(stop),
         max_tokens=max_tokens,
-        max_length=window or model.runner.max_context,
+        context_window=window or model.runner.context_window,
     )
 
 
@@ -119,7 +121,7 @@ def test_abort_frees_the_slot_at_once_and_the_next_request_runs(model):
 
 
 def test_generation_that_reaches_the_context_window_ends_with_length(stories_hf_dir):
-    small = load_model(stories_hf_dir, max_slots=1, max_context=24)
+    small = load_model(stories_hf_dir, max_concurrent=1, context_window=24)
     scheduler = Scheduler(small.runner, small.tokenizer)
     prompt = small.tokenizer.encode(PROMPTS[1])  # 16 tokens with BOS
     seq = sequence(small, "w", prompt, max_tokens=1000)
@@ -154,8 +156,7 @@ def test_queue_runs_in_order_and_refuses_after_the_queue_timeout(model):
     assert [m.request_id for m in first if isinstance(m, p.Started)] == ["a"]
     now[0] = 31.0
     expired = scheduler.expire_waiting()
-    assert [(e.request_id, e.type, e.status) for e in expired] == [("b", "server_busy", 429), ("c", "server_busy", 429)]
-    assert expired[0].retry_after
+    assert [(e.request_id, e.reason) for e in expired] == [("b", Reason.QUEUE_TIMEOUT), ("c", Reason.QUEUE_TIMEOUT)]
     assert finished(run(scheduler), "a").completion_tokens == 5
 
 

@@ -17,7 +17,7 @@ def tokenizer(stories_hf_dir):
     return Tokenizer.from_hf_dir(stories_hf_dir)
 
 
-def make(tokenizer, *, stop=(), stop_token_ids=(), max_tokens=1000, max_length=10_000, prompt=(1,)):
+def make(tokenizer, *, stop=(), stop_token_ids=(), max_tokens=1000, context_window=10_000, prompt=(1,)):
     return Sequence(
         "req",
         list(prompt),
@@ -26,7 +26,7 @@ def make(tokenizer, *, stop=(), stop_token_ids=(), max_tokens=1000, max_length=1
         stop_token_ids=set(stop_token_ids),
         stop=list(stop),
         max_tokens=max_tokens,
-        max_length=max_length,
+        context_window=context_window,
     )
 
 
@@ -99,7 +99,7 @@ def test_max_tokens_ends_with_length_and_releases_held_text(tokenizer):
 
 def test_context_window_ends_with_length(tokenizer):
     ids = tokenizer.encode(STORY, add_special_tokens=False)
-    seq = make(tokenizer, prompt=[1, 2, 3, 4], max_length=10)
+    seq = make(tokenizer, prompt=[1, 2, 3, 4], context_window=10)
     feed(seq, ids)
     assert seq.finish_reason == LENGTH
     assert seq.num_tokens == 10 and len(seq.output_ids) == 6

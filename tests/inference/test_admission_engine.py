@@ -3,13 +3,14 @@ read still fails its own request (no hang), low free memory refuses new generati
 server_memory_constrained, and a load whose configured window does not fit in memory gets a shorter one."""
 
 import asyncio
-from dataclasses import dataclass
 
 import psutil
 import pytest
 import pytest_asyncio
 
+from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
+from inference.engine.contract.params import ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
 from inference.engine.kv_budget import (
     configured_window,
@@ -21,62 +22,84 @@ from inference.engine.kv_budget import (
 from inference.engine.loaders.loading import load_model
 from inference.runtime.engine_client import EngineError
 from inference.runtime.in_process_client import InProcessEngineClient
+from tests.inference.engine_calls import generate, load, seen_as, submit
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 MESSAGES = [{"role": "user", "content": "What did the cat see?"}]
 
 
-@dataclass(slots=True)
-class SubmitFromANewerClient(p.Submit):
+class SubmitFromANewerClient(p.Submit, tag="S"):
     """A SUBMIT with one field more than this worker knows (a control plane and worker of different versions)."""
 
     grammar: str = "json"
+
+
+class SubmitWithLooseSampling(p.Submit, tag="S"):
+    """A SUBMIT whose sampling is whatever the sender put there, as a buggy or hostile client could send it."""
+
+    sampling: dict = {}
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def client(stories_hf_dir):
     client = InProcessEngineClient()
     await client.start()
-    await client.load("stories", str(stories_hf_dir), max_concurrent=2, queue_depth=2)
+    await load(client, "stories", str(stories_hf_dir), max_concurrent=2, queue_depth=2)
     yield client
     await client.close()
 
 
 @in_module_loop
 async def test_a_submit_the_worker_cannot_read_fails_that_request_instead_of_hanging(client):
-    submit = SubmitFromANewerClient("unreadable-1", "stories", MESSAGES)
+    submit = SubmitFromANewerClient(request_id="unreadable-1", model="stories", messages=MESSAGES)
     with pytest.raises(EngineError) as refused:
         await asyncio.wait_for(client.submit("cpu", submit), timeout=5)
-    assert refused.value.type == "invalid_request_error" and refused.value.status == 400
-    assert "Submit" in refused.value.message
+    assert seen_as(refused.value) == ("invalid_request_error", 400)
+    assert "bad message" in refused.value.message
     # The worker serves on.
-    generation = await client.generate("stories", messages=MESSAGES, max_tokens=3, sampling={"temperature": 0})
+    generation = await generate(client, "stories", messages=MESSAGES, max_tokens=3, sampling={"temperature": 0})
     events = [e async for e in generation]
     assert isinstance(events[-1], p.Finished)
+
+
+@in_module_loop
+async def test_a_mistyped_sampling_field_fails_its_request_alone_beside_two_good_ones(client):
+    good = [submit("stories", prompt_token_ids=[1, 300 + i], max_tokens=8, ignore_eos=True) for i in range(2)]
+    bad = SubmitWithLooseSampling(
+        request_id="bad-top-k", model="stories", prompt_token_ids=[1, 302], sampling={"top_k": "5"}
+    )
+    first, refused, second = await asyncio.gather(
+        client.submit("cpu", good[0]), client.submit("cpu", bad), client.submit("cpu", good[1]), return_exceptions=True
+    )
+    assert isinstance(refused, EngineError) and seen_as(refused) == ("invalid_request_error", 400)
+    assert "top_k" in refused.message
+    for generation in (first, second):
+        events = [e async for e in generation]
+        assert isinstance(events[-1], p.Finished) and events[-1].completion_tokens == 8
 
 
 @in_module_loop
 async def test_a_load_with_no_room_for_its_kv_cache_fails_with_507(client, stories_hf_dir):
     reserve = psutil.virtual_memory().total * 4  # more than this host can ever have free
     with pytest.raises(EngineError) as failed:
-        await client.load("tight", str(stories_hf_dir), max_concurrent=1, min_free_memory=reserve)
-    assert failed.value.type == "load_failed" and failed.value.status == 507
+        await load(client, "tight", str(stories_hf_dir), max_concurrent=1, min_free_memory=reserve)
+    assert seen_as(failed.value) == ("load_failed", 507)
     assert "KV cache" in failed.value.message
     assert "tight" not in client.models()
 
 
 def test_low_free_memory_refuses_a_new_generation_with_503(stories_hf_dir):
-    hosted = HostedModel.load(p.Load("load-1", "stories", str(stories_hf_dir), max_concurrent=1), "cpu")
-    submit = p.Submit("gen-1", "stories", MESSAGES, max_tokens=2)
-    hosted.admit(submit)
+    load = p.Load(request_id="load-1", name="stories", path=str(stories_hf_dir), limits=ServingLimits(max_concurrent=1))
+    hosted = HostedModel.load(load, "cpu")
+    hosted.admit(hosted.prepare(p.Submit(request_id="gen-1", model="stories", messages=MESSAGES, max_tokens=2)))
     assert len(hosted.scheduler.waiting) == 1
     hosted.min_free_memory = psutil.virtual_memory().total * 4  # the host dropped below the reserve
     with pytest.raises(RequestRefused) as refused:
-        hosted.admit(p.Submit("gen-2", "stories", MESSAGES, max_tokens=2))
+        hosted.admit(hosted.prepare(p.Submit(request_id="gen-2", model="stories", messages=MESSAGES, max_tokens=2)))
     error = refused.value.error
-    assert (error.request_id, error.type, error.status) == ("gen-2", "server_memory_constrained", 503)
-    assert error.retry_after and error.retry_after > 0
+    assert (error.request_id, *seen_as(EngineError.from_error(error))) == ("gen-2", "server_memory_constrained", 503)
+    assert int(as_api_error(EngineError.from_error(error)).headers["Retry-After"]) > 0
     assert [s.request_id for s in hosted.scheduler.waiting] == ["gen-1"]  # nothing queued for it
 
 
@@ -86,7 +109,7 @@ def test_the_window_is_the_longest_whose_kv_cache_fits(stories_hf_dir):
     assert per_token == 2 * 5 * 4 * 8 * 4  # keys and values x layers x kv heads x head_dim x float32
     assert configured_window(config, 0) == 512 and configured_window(config, 100) == 100
     # The KV cache load_model really allocates for 4 slots x 512 positions is per_token x 4 x 512 bytes.
-    model = load_model(stories_hf_dir, max_slots=4, max_context=512)
+    model = load_model(stories_hf_dir, max_concurrent=4, context_window=512)
     cache = model.runner.cache
     assert sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values]) == per_token * 4 * 512
     assert weight_bytes_estimate(config, 4) >= model.weight_bytes
@@ -98,7 +121,7 @@ def test_the_window_is_the_longest_whose_kv_cache_fits(stories_hf_dir):
 
 @in_module_loop
 async def test_loaded_reports_the_configured_and_the_effective_window(client, stories_hf_dir):
-    loaded = await client.load("capped", str(stories_hf_dir), max_concurrent=1, max_context=64)
+    loaded = await load(client, "capped", str(stories_hf_dir), max_concurrent=1, ctx_cap=64)
     try:
         assert (loaded.context_window_configured, loaded.context_window) == (64, 64)
     finally:

@@ -1,9 +1,12 @@
 """The catalogue, worker and instance records: the constraints operators and the supervisor rely on."""
 
+import msgspec
 import pytest
-from django.db import IntegrityError, transaction
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 
+from inference.engine.contract.params import LoadOptions
 from inference.models import CatalogModel, InstanceState, ModelFormat, ModelInstance, Worker, WorkerState
 
 pytestmark = pytest.mark.django_db
@@ -17,7 +20,7 @@ def stories(stories_gguf_path):
         format=ModelFormat.GGUF,
         architecture="llama",
         size_bytes=stories_gguf_path.stat().st_size,
-        ctx_cap=256,
+        load_options=LoadOptions(ctx_cap=256),
     )
 
 
@@ -25,7 +28,8 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
     row = CatalogModel.objects.get(name="stories")
     assert row.size_bytes == stories_gguf_path.stat().st_size > 0
     assert row.autoload is True
-    assert row.load_options() == {
+    assert row.load_options == LoadOptions(ctx_cap=256)
+    assert msgspec.to_builtins(row.load_options) == {
         "ctx_cap": 256,
         "max_sessions": 0,
         "max_concurrent": 0,
@@ -34,6 +38,24 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
         "dtype": "",
     }
     assert row.created_at is not None and row.updated_at is not None
+
+
+def test_load_options_are_validated_by_the_contract(stories):
+    stories.load_options = {"ctx_cap": -1}
+    with pytest.raises(ValidationError, match="ctx_cap must be 0"), transaction.atomic():
+        stories.save()
+    stories.load_options = {"ctx_cap": 64, "colour": "blue"}
+    with pytest.raises(ValidationError, match="colour"):
+        stories.full_clean()
+    stories.load_options = {"quantize": True}  # a JSON object is read as LoadOptions, missing options as defaults
+    stories.save()
+    assert CatalogModel.objects.get(pk=stories.pk).load_options == LoadOptions(quantize=True)
+
+
+def test_a_row_stored_before_an_option_existed_reads_it_as_its_default(stories):
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {CatalogModel._meta.db_table} SET load_options = %s", ['{"ctx_cap": 128}'])
+    assert CatalogModel.objects.get(pk=stories.pk).load_options == LoadOptions(ctx_cap=128)
 
 
 def test_catalogue_names_are_unique(stories, stories_hf_dir):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(scope="module")
 def reference(stories_hf_dir):
     """The engine's greedy completion of MESSAGES through its runner: prompt ids, completion ids, text."""
-    model = load_model(stories_hf_dir, max_slots=1)
+    model = load_model(stories_hf_dir, max_concurrent=1)
     tok = model.tokenizer
     text = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token).render(MESSAGES)
     prompt = tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
@@ -103,7 +103,7 @@ def test_completion_ids_are_unique(client):
 
 
 def test_sampling_fields_reach_the_engine(client, reference, stories_hf_dir):
-    tokenizer = load_model(stories_hf_dir, max_slots=1).tokenizer
+    tokenizer = load_model(stories_hf_dir, max_concurrent=1).tokenizer
     forced = 300
     response = client.chat.completions.create(
         model="stories", messages=MESSAGES, max_tokens=3, logit_bias={str(forced): 100}, logprobs=True, top_logprobs=2

@@ -19,6 +19,10 @@ from tests.inference.serving import bearer, free_port, run_manage, serving_env, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LONG_STREAM = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
+# Tokens of the stream that times a disconnect. Started on a second model of the same worker just before the
+# disconnect, it advances one token per worker step, as the abandoned LONG_STREAM would (greedy "Hi" runs to the
+# window): fewer steps than that one has left, so if the disconnect did not abort it, the timer would end first.
+TIMER_TOKENS = 200
 
 
 def served(api):
@@ -33,7 +37,7 @@ def test_load_and_unload_through_the_api(api, stories_hf_dir):
     assert served(api) == ["s"]
     catalogue = CatalogModel.objects.get(name="s")
     assert (catalogue.path, catalogue.format, catalogue.architecture) == (str(stories_hf_dir), "hf", "llama")
-    assert catalogue.ctx_cap == 128 and catalogue.autoload
+    assert catalogue.load_options.ctx_cap == 128 and catalogue.autoload
     instance = ModelInstance.objects.get()
     assert (instance.pk, instance.state, instance.device) == (row["instance_id"], InstanceState.READY, "cpu")
     assert instance.context_window == 128 and instance.memory_bytes == row["vram_bytes"]
@@ -150,21 +154,30 @@ def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, st
 
 def test_a_client_that_disconnects_frees_its_generation(api, server, stories_hf_dir):
     api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "d"})
+    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "timer"})
 
     def running():
-        [row] = api.get("/admin/models").json()["data"]
-        return row["live"]["running"]
+        """Running generations by model, from one status of the worker."""
+        return {row["id"]: row["live"]["running"] for row in api.get("/admin/models").json()["data"]}
+
+    def d_or_timer_done():
+        now = running()
+        return now if now["d"] == 0 or now["timer"] == 0 else None
 
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        with client.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as stream:
+        with client.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "model": "d"}) as stream:
             lines = stream.iter_lines()
             for _ in range(3):
                 next(lines)
-            assert running() == 1
-            stream.close()
-            closed_at = time.monotonic()
-    wait_for(lambda: running() == 0, timeout=5, interval=0.01)
-    assert time.monotonic() - closed_at < 0.5  # a full 500-token generation takes seconds longer
+            assert running()["d"] == 1
+            timing = {**LONG_STREAM, "model": "timer", "max_tokens": TIMER_TOKENS}
+            with client.stream("POST", "/v1/chat/completions", json=timing) as timer:  # returns once it is running
+                stream.close()
+                now = wait_for(d_or_timer_done, interval=0.01)
+                assert now["d"] == 0
+                assert now["timer"] == 1  # freed long before the generation could have finished by itself
+                events = sse_events(timer)
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
 
 
 def test_streams_of_loaded_models_follow_the_spec_order(api, server, stories_hf_dir):

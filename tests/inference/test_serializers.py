@@ -11,6 +11,7 @@ from inference.api.serializers import (
     parse_body,
     parse_chat_request,
 )
+from inference.engine.contract.params import SamplingParams
 from pantheon_site.errors import InvalidRequest
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -22,10 +23,7 @@ def chat(**fields):
 
 def test_defaults_are_the_specs():
     request = chat()
-    assert request.sampling == {
-        "temperature": 0.7, "top_p": 0.95, "top_k": 40, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "logprobs": False, "top_logprobs": 0,
-    }  # fmt: skip
+    assert request.sampling == SamplingParams(temperature=0.7, top_p=0.95, top_k=40)
     assert request.max_tokens == 1024
     assert (request.model, request.stop, request.stream, request.include_usage) == ("", [], False, False)
 
@@ -50,14 +48,14 @@ def test_penalties_logit_bias_and_top_logprobs_are_clamped():
         presence_penalty=5, frequency_penalty=-9, logprobs=True, top_logprobs=50,
         logit_bias={"7": 250, "8": -1000, "9": 1.5, "x": 3, "10": "high", "11": True},
     )  # fmt: skip
-    assert request.sampling["presence_penalty"] == 2.0
-    assert request.sampling["frequency_penalty"] == -2.0
-    assert request.sampling["top_logprobs"] == 20
-    assert request.sampling["logit_bias"] == {7: 100.0, 8: -100.0, 9: 1.5}
+    assert request.sampling.presence_penalty == 2.0
+    assert request.sampling.frequency_penalty == -2.0
+    assert request.sampling.top_logprobs == 20
+    assert request.sampling.logit_bias == {7: 100.0, 8: -100.0, 9: 1.5}
 
 
 def test_top_logprobs_only_with_logprobs():
-    assert chat(top_logprobs=5).sampling["top_logprobs"] == 0
+    assert chat(top_logprobs=5).sampling.top_logprobs == 0
 
 
 def test_stop_string_or_list_and_stream_options():
@@ -84,8 +82,8 @@ def test_messages_missing_role_is_user_and_non_string_content_is_empty():
 
 
 def test_seed_is_kept_within_63_bits():
-    assert chat(seed=5).sampling["seed"] == 5
-    assert 0 <= chat(seed=-1).sampling["seed"] < 2**63
+    assert chat(seed=5).sampling.seed == 5
+    assert 0 <= chat(seed=-1).sampling.seed < 2**63
 
 
 def test_tool_choice_none_drops_tools():

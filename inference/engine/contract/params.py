@@ -9,12 +9,14 @@ batched engine step.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
 
 SEED_LIMIT = 2**63  # seeds are non-negative 63-bit integers (the sampler's counter-based draws)
 TOP_LOGPROBS_LIMIT = 20
+TOKEN_ID_LIMIT = 2**31 - 1  # no vocabulary comes near it; bounds what may travel as a token id or a top_k
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -38,14 +40,16 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
                 raise ValueError(f"{name} must be a finite number")
         if not 0.0 <= self.top_p <= 1.0 or not 0.0 <= self.min_p <= 1.0:
             raise ValueError("top_p and min_p must be in [0, 1]")
-        if self.top_k < 0:
-            raise ValueError("top_k must be 0 (off) or positive")
+        if not 0 <= self.top_k <= TOKEN_ID_LIMIT:
+            raise ValueError(f"top_k must be in [0, {TOKEN_ID_LIMIT}] (0: off)")
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if not 0 <= self.top_logprobs <= TOP_LOGPROBS_LIMIT:
             raise ValueError(f"top_logprobs must be in [0, {TOP_LOGPROBS_LIMIT}]")
         if self.logit_bias and not all(math.isfinite(b) for b in self.logit_bias.values()):
             raise ValueError("logit_bias values must be finite numbers")
+        if self.logit_bias and not all(abs(t) <= TOKEN_ID_LIMIT for t in self.logit_bias):
+            raise ValueError(f"logit_bias keys must be token ids of at most {TOKEN_ID_LIMIT}")
 
     @property
     def greedy(self) -> bool:
@@ -55,14 +59,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
 class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """What an operator may ask of a load: the one schema behind the load route's body, the catalogue's defaults,
     `manage.py load_model`'s flags and the worker's LOAD. 0 means the default (for reasoning_budget: unbounded);
-    an empty dtype is automatic (float32 on CPU, bfloat16 on CUDA)."""
+    an empty dtype is automatic (float32 on CPU, bfloat16 on CUDA). The route's fields, the command's flags and
+    their help are read from these fields and their descriptions, so a new option is added here alone."""
 
-    ctx_cap: int = 0  # the context window to configure (0: the model's own limit, capped)
-    max_sessions: int = 0  # sessions that may keep KV between turns
-    max_concurrent: int = 0  # sequences decoded together
-    reasoning_budget: int = 0  # think tokens before </think> is forced
-    quantize: bool = False  # int8 linear layers
-    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    ctx_cap: Annotated[int, Meta(description="the context window in tokens (0: the model's own, capped at 4096)")] = 0
+    max_sessions: Annotated[int, Meta(description="sessions that may keep KV between turns")] = 0
+    max_concurrent: Annotated[int, Meta(description="sequences decoded together (0: max_sessions or the default)")] = 0
+    reasoning_budget: Annotated[int, Meta(description="think tokens before </think> is forced (0: unbounded)")] = 0
+    quantize: Annotated[bool, Meta(description="int8-quantize the linear layers at load")] = False
+    dtype: Annotated[
+        Literal["", "float32", "bfloat16", "float16"],
+        Meta(description="the weights' dtype (empty: float32 on CPU, bfloat16 on CUDA)"),
+    ] = ""
 
     def __post_init__(self) -> None:
         for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from inference.engine.contract.checkpoint import NotACheckpoint
+from inference.engine.contract.checkpoint import checkpoint_format as contract_checkpoint_format
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
@@ -43,10 +45,10 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     quantize: bool = False,
-    max_slots: int = 8,
-    max_context: int | None = None,
+    max_concurrent: int = 8,
+    context_window: int | None = None,
 ) -> LoadedModel:
-    """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; max_context defaults to the
+    """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit."""
     path = Path(path)
     device = torch.device(device)
@@ -61,11 +63,11 @@ def load_model(
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
         tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
 
-    context = max_context or min(config.max_context, DEFAULT_MAX_CONTEXT)
-    if context > config.max_context:
-        raise LoadError(path, f"max_context {context} exceeds the model's {config.max_context}")
+    context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
+    if context > config.context_limit:
+        raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
     model = Transformer.from_hf_weights(
-        config, tensors, max_context=context, device=device, dtype=dtype, quantize=quantize
+        config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize
     )
     del tensors, checkpoint
     eos = [*config.eos_token_ids, *extra_eos]
@@ -76,7 +78,7 @@ def load_model(
         format=fmt,
         config=config,
         tokenizer=tokenizer,
-        runner=ModelRunner(model, max_slots=max_slots, max_context=context),
+        runner=ModelRunner(model, max_concurrent=max_concurrent, context_window=context),
         eos_token_ids=list(dict.fromkeys(eos)),
         dtype=dtype,
         device=device,
@@ -85,14 +87,11 @@ def load_model(
 
 
 def checkpoint_format(path: Path) -> str:
-    """ "hf" for a checkpoint directory, "gguf" for a .gguf file; LoadError for anything else."""
-    if path.is_dir():
-        return "hf"
-    if path.is_file() and path.suffix.lower() == ".gguf":
-        return "gguf"
-    if path.exists():
-        raise LoadError(path, "not a Hugging Face checkpoint directory or a .gguf file")
-    raise LoadError(path, "no such file or directory")
+    """ "hf" or "gguf", as the contract decides it for the control plane too; LoadError for anything else."""
+    try:
+        return contract_checkpoint_format(path)
+    except NotACheckpoint as exc:
+        raise LoadError(exc.path, exc.problem) from exc
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

@@ -50,7 +50,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
 
     @property
-    def max_context(self) -> int:
+    def context_limit(self) -> int:
         """The longest sequence the engine will run for this model."""
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)

@@ -28,27 +28,28 @@ class CacheView:
 
 
 class KVCache:
-    """Keys and values of every layer: `[max_slots, num_kv_heads, max_context, head_dim]` each, allocated once."""
+    """Keys and values of every layer, allocated once: `[max_concurrent, num_kv_heads, context_window, head_dim]`
+    each (one slot per sequence that may run)."""
 
     def __init__(
         self,
         *,
         num_layers: int,
-        max_slots: int,
+        max_concurrent: int,
         num_kv_heads: int,
-        max_context: int,
+        context_window: int,
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
     ):
-        self.max_slots = max_slots
-        self.max_context = max_context
+        self.max_concurrent = max_concurrent
+        self.context_window = context_window
         self.device = torch.device(device)
-        shape = (max_slots, num_kv_heads, max_context, head_dim)
+        shape = (max_concurrent, num_kv_heads, context_window, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._lengths: list[int | None] = [None] * max_slots  # None = free
-        self._positions = torch.arange(max_context, device=device)
+        self._lengths: list[int | None] = [None] * max_concurrent  # None = free
+        self._positions = torch.arange(context_window, device=device)
         self._kv_heads = torch.arange(num_kv_heads, device=device)
 
     # -- slot bookkeeping -------------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ class KVCache:
             if length is None:
                 self._lengths[slot] = 0
                 return slot
-        raise KVCacheFull(self.max_slots)
+        raise KVCacheFull(self.max_concurrent)
 
     def free(self, slot: int) -> None:
         """Releases a slot; freeing a free slot is a no-op."""
@@ -85,8 +86,8 @@ class KVCache:
             self._lengths[slot] += count
 
     def _check_range(self, slot: int) -> int:
-        if not 0 <= slot < self.max_slots:
-            raise ValueError(f"KV-cache slot {slot} does not exist (max_slots={self.max_slots})")
+        if not 0 <= slot < self.max_concurrent:
+            raise ValueError(f"KV-cache slot {slot} does not exist (max_concurrent={self.max_concurrent})")
         return slot
 
     # -- one forward step --------------------------------------------------------------------------------------
@@ -95,9 +96,9 @@ class KVCache:
         """The view for appending `count` tokens to each of `slots` (every slot allocated, no duplicates)."""
         starts = [self.length(slot) for slot in slots]
         longest = max(starts) + count
-        if longest > self.max_context:
+        if longest > self.context_window:
             slot = slots[starts.index(max(starts))]
-            raise ContextOverflow(slot, longest, self.max_context)
+            raise ContextOverflow(slot, longest, self.context_window)
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")
         consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
@@ -108,9 +109,9 @@ class KVCache:
         if count > 1 or min(starts) != max(starts):
             mask = (self._positions[:longest] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
         rows = slice(slots[0], slots[0] + len(slots)) if consecutive else slot_index
-        # row index into a layer's cache seen as [max_slots * Hkv * max_context, hd], in [B, S, Hkv] order
+        # row index into a layer's cache seen as [max_concurrent * Hkv * context_window, hd], in [B, S, Hkv] order
         heads = slot_index[:, None, None] * len(self._kv_heads) + self._kv_heads  # [B, 1, Hkv]
-        write_rows = (heads * self.max_context + positions[:, :, None]).flatten()
+        write_rows = (heads * self.context_window + positions[:, :, None]).flatten()
         return CacheView(positions=positions, write_rows=write_rows, rows=rows, length=longest, mask=mask)
 
     def update(

@@ -15,19 +15,19 @@ from inference.engine.model.transformer import Transformer
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, *, max_slots: int, max_context: int):
+    def __init__(self, model: Transformer, *, max_concurrent: int, context_window: int):
         config = model.config
         self.model = model
-        self.max_slots = max_slots
-        self.max_context = max_context
+        self.max_concurrent = max_concurrent
+        self.context_window = context_window
         self.vocab_size = config.vocab_size
         self.device = model.embed.weight.device
         with torch.inference_mode():
             self.cache = KVCache(
                 num_layers=config.num_layers,
-                max_slots=max_slots,
+                max_concurrent=max_concurrent,
                 num_kv_heads=config.num_kv_heads,
-                max_context=max_context,
+                context_window=context_window,
                 head_dim=config.head_dim,
                 dtype=model.embed.weight.dtype,
                 device=self.device,

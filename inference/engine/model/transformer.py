@@ -2,7 +2,7 @@
 
 The architectures differ only in switches the config carries: q/k/v bias (qwen2), per-head q/k RMSNorm before RoPE
 (qwen3), Llama-3 RoPE frequency scaling, tied embeddings. Mistral's sliding window never matters because the engine
-caps its context at the window (`ModelConfig.max_context`).
+caps its context at the window (`ModelConfig.context_window`).
 
 The model is built on the meta device and receives its weights with `load_state_dict(assign=True)`, so no memory is
 spent on a random init. q/k/v and gate/up are fused into one matrix each at load: one matmul instead of three (two)
@@ -64,10 +64,10 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(medium, blended, slowed)
 
 
-def rope_tables(config: ModelConfig, max_context: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: ModelConfig, context_window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sign-flipped sin (first half negated, see rotate_half) of every position's angles, in float32."""
-    # returns: cos, sin_signed: [max_context, hd]
-    angles = torch.outer(torch.arange(max_context, dtype=torch.float32), rope_inv_freq(config))
+    # returns: cos, sin_signed: [context_window, hd]
+    angles = torch.outer(torch.arange(context_window, dtype=torch.float32), rope_inv_freq(config))
     sin = angles.sin()
     return torch.cat((angles, angles), dim=-1).cos().to(device), torch.cat((-sin, sin), dim=-1).to(device)
 
@@ -218,13 +218,13 @@ class Transformer(nn.Module):
         config: ModelConfig,
         tensors: dict[str, torch.Tensor],
         *,
-        max_context: int,
+        context_window: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         quantize: bool = False,
     ) -> Transformer:
         """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
-        max_context. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
+        context_window. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
         weights and the others are kept transposed."""
         with torch.device("meta"):
             model = cls(config)
@@ -236,7 +236,7 @@ class Transformer(nn.Module):
             weights[name] = converted[id(tensor)]
         model.load_state_dict(weights, assign=True)
         del weights, converted  # so each replaced linear layer below frees its weight
-        model.rope_cos, model.rope_sin_signed = rope_tables(config, max_context, torch.device(device))
+        model.rope_cos, model.rope_sin_signed = rope_tables(config, context_window, torch.device(device))
         model.requires_grad_(False).eval()
         if quantize:
             quantize_linears(model)

@@ -7,6 +7,7 @@ and merges derived from the piece scores, GPT-2 style (`gpt2`) as byte-level BPE
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -101,7 +102,16 @@ class Tokenizer:
         return cls(backend, bos_token=bos, eos_token=eos, chat_templates=templates)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch rather than encode: only the batch call releases the GIL, so a long prompt tokenized on a
+        # worker's preparation thread does not stall the step loop and its heartbeats.
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The most bytes of text one token stands for: a text of n bytes cannot become fewer than
+        n / max_token_bytes tokens, which bounds a prompt's length before it is tokenized."""
+        ids = self.backend.get_vocab(with_added_tokens=True).values()
+        return max(1, *(len(self.token_bytes(i)) for i in ids))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

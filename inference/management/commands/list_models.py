@@ -1,11 +1,21 @@
 """manage.py list_models: the catalogue, and for each model its live instances and their state."""
 
+import msgspec
+
+from inference.engine.contract.params import LoadOptions
 from inference.models import CatalogModel, InstanceState
 from pantheon_site.management.base import CommandResult, PantheonCommand, format_table
 
 
 def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n else "-"
+
+
+def _options(options: LoadOptions) -> str:
+    """The load options that differ from the defaults, e.g. "ctx_cap=256 quantize=True"; "-" when none does."""
+    defaults = msgspec.structs.asdict(LoadOptions())
+    changed = [f"{k}={v}" for k, v in msgspec.structs.asdict(options).items() if v != defaults[k]]
+    return " ".join(changed) or "-"
 
 
 def _instances(model: CatalogModel) -> str:
@@ -33,11 +43,12 @@ class Command(PantheonCommand):
                 m.architecture or "-",
                 _size(m.size_bytes),
                 m.device or "auto",
+                _options(m.load_options),
                 "yes" if m.autoload else "no",
                 _instances(m),
                 m.path,
             ]
             for m in models
         ]
-        headers = ["NAME", "FORMAT", "ARCH", "SIZE", "DEVICE", "AUTOLOAD", "INSTANCES", "PATH"]
+        headers = ["NAME", "FORMAT", "ARCH", "SIZE", "DEVICE", "OPTIONS", "AUTOLOAD", "INSTANCES", "PATH"]
         return CommandResult(lines=format_table(headers, rows))

@@ -3,19 +3,36 @@ so that `serve` loads it at start. A Hugging Face checkpoint directory or a GGUF
 
 Against a running server the command calls POST /admin/models/load with the run's local credential; the server
 audits that call (as this OS user), so the command writes no audit event of its own. Without a server the command
-records the catalogue change and audits it.
+records the catalogue change (the same upsert the load route makes) and audits it.
+
+The option flags (--ctx-cap, ..., --dtype) are LoadOptions' fields, read from the struct with their descriptions;
+the body they make is validated by the load route's own serializer.
 """
 
+import msgspec
 from django.conf import settings
-from django.db import transaction
 
 from inference.api.serializers import LoadModelSerializer, validated
+from inference.engine.contract.params import LoadOptions
 from inference.management.server_client import call_admin, running_server
-from inference.models import CatalogModel
-from inference.services.checkpoints import inspect_checkpoint
+from inference.services.catalogue import checkpoint_at, do_catalogue_model
+from inference.services.model_lifecycle import LoadRequest
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
 
-OPTIONS = ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget")
+
+def add_load_option_arguments(parser) -> None:
+    """One flag per LoadOptions field: --ctx-cap N for a count, --quantize for a flag, --dtype NAME for a choice.
+    A flag left out is left out of the body, so the serializer gives it the struct's default."""
+    for option in msgspec.inspect.type_info(LoadOptions).fields:
+        kind, help_text = option.type.type, option.type.extra_json_schema["description"]
+        flag = "--" + option.name.replace("_", "-")
+        if isinstance(kind, msgspec.inspect.BoolType):
+            parser.add_argument(flag, action="store_true", default=None, help=help_text)
+        elif isinstance(kind, msgspec.inspect.IntType):
+            parser.add_argument(flag, type=int, metavar="N", help=help_text)
+        else:
+            choices = [v for v in kind.values if v != option.default]
+            parser.add_argument(flag, choices=choices, help=help_text)
 
 
 class Command(PantheonCommand):
@@ -26,38 +43,30 @@ class Command(PantheonCommand):
         parser.add_argument("path", help="a Hugging Face checkpoint directory or a .gguf file")
         parser.add_argument("--name", help="the served name (default: the file or directory name)")
         parser.add_argument("--device", help="cpu or cuda:N (default: a GPU if there is one, else cpu)")
-        parser.add_argument("--ctx-cap", type=int, default=0, help="per-session context window in tokens")
-        parser.add_argument("--max-sessions", type=int, default=0, help="sessions that may hold KV at once")
-        parser.add_argument("--max-concurrent", type=int, default=0, help="requests decoded together")
-        parser.add_argument("--reasoning-budget", type=int, default=0, help="force </think> after N tokens")
-        parser.add_argument("--quantize", action="store_true", help="int8-quantize the linear layers at load")
+        add_load_option_arguments(parser)
 
     def audit_model(self, options: dict) -> str:
         return options.get("name") or options["path"]
 
-    def perform(self, *, path: str, name: str | None, device: str | None, quantize: bool, **options) -> CommandResult:
-        body = {"path": path, "quantize": quantize, **{k: options[k] for k in OPTIONS}}
-        body.update({k: v for k, v in (("name", name), ("device", device)) if v})
-        body = dict(validated(LoadModelSerializer, body))
+    def perform(self, *, path: str, name: str | None, device: str | None, **options) -> CommandResult:
+        given = {"name": name, "device": device, **{k: options[k] for k in LoadOptions.__struct_fields__}}
+        body = dict(validated(LoadModelSerializer, {"path": path, **{k: v for k, v in given.items() if v is not None}}))
         server = running_server()
         if server is not None:
-            self.operation = None  # the server audits the call it answers
-            row = call_admin(server, "/admin/models/load", body, actor=os_user(),
-                             timeout=settings.PANTHEON_LOAD_TIMEOUT_S + 30)  # fmt: skip
+            self.audit.audited_elsewhere = True  # the server audits the call it answers
+            row = call_admin(
+                server, "/admin/models/load", body, actor=os_user(), timeout=settings.PANTHEON_LOAD_TIMEOUT_S + 30
+            )
             return CommandResult(lines=[_describe(row, server.url)])
-        info = inspect_checkpoint(body["path"])
-        name = body.get("name") or info.default_name
-        fields = {k: body[k] for k in (*OPTIONS, "quantize")}
-        with transaction.atomic():
-            CatalogModel.objects.update_or_create(
-                name=name,
-                defaults={"path": info.path, "format": info.format, "architecture": info.architecture,
-                          "size_bytes": info.size_bytes, "device": body.get("device", ""), "autoload": True,
-                          **fields},
-            )  # fmt: skip
-        lines = [f"No server is running: catalogued {name!r} ({info.format}, {info.path}); `manage.py serve` loads it "
-                 "at start."]  # fmt: skip
-        return CommandResult(lines=lines, model=name, details={"path": info.path, "catalogue_only": True})
+        request = LoadRequest.from_body(body)
+        checkpoint = checkpoint_at(request.path)
+        name = request.name or checkpoint.default_name
+        do_catalogue_model(name, checkpoint, request.options, device=request.device)
+        lines = [
+            f"No server is running: catalogued {name!r} ({checkpoint.format}, {checkpoint.path}); "
+            "`manage.py serve` loads it at start."
+        ]
+        return CommandResult(lines=lines, model=name, details={"path": checkpoint.path, "catalogue_only": True})
 
 
 def _describe(row: dict, url: str) -> str:

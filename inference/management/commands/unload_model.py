@@ -28,7 +28,7 @@ class Command(PantheonCommand):
             raise InvalidRequest("name a model, or an instance with --id", reason="missing_name")
         server = running_server()
         if server is not None:
-            self.operation = None  # the server audits the call it answers
+            self.audit.audited_elsewhere = True  # the server audits the call it answers
             body = {"name": name} if name else {}
             if instance_id is not None:
                 body["id"] = instance_id

@@ -1,0 +1,91 @@
+"""What a path on disk is as a checkpoint, decided in one place for the worker's loader and the control plane.
+
+A directory with a config.json is a Hugging Face checkpoint; a `.gguf` file is a GGUF checkpoint; anything else,
+or nothing at all, is refused with `NotACheckpoint` and a reason the caller turns into its own error (the loader a
+LoadError, the control plane a 404 or 400 before any worker is involved). Reading what a checkpoint is takes no
+torch and no Django: `config.json`'s model_type, or the GGUF header read by gguf's numpy-only reader, imported when
+first needed. Whether the weights really load is the loader's to say.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+GGUF_MAGIC = b"GGUF"
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+Format = Literal["hf", "gguf"]
+Reason = Literal["not_found", "not_a_checkpoint"]
+
+
+class NotACheckpoint(Exception):
+    """`path` cannot be loaded: nothing is there (`reason` "not_found") or it is neither a checkpoint directory nor
+    a GGUF file ("not_a_checkpoint"). `problem` says so in words; str() is "{path}: {problem}"."""
+
+    def __init__(self, path: str | Path, reason: Reason, problem: str):
+        self.path = str(path)
+        self.reason = reason
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    path: str  # absolute, symlinks resolved
+    format: Format
+    architecture: str  # "" when it cannot be read here (the loader then says why the load fails)
+    size_bytes: int  # of the weight files
+
+    @property
+    def default_name(self) -> str:
+        """The served name a load without `name` gets: the file or directory name, without a .gguf suffix."""
+        name = Path(self.path).name
+        return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def checkpoint_format(path: str | Path) -> Format:
+    """ "hf" for a directory with a config.json, "gguf" for a .gguf file; NotACheckpoint for anything else."""
+    found = Path(path).expanduser()
+    if found.is_dir():
+        if not (found / "config.json").is_file():
+            raise NotACheckpoint(path, "not_a_checkpoint", "a directory without config.json is not a checkpoint")
+        return "hf"
+    if found.is_file() and found.suffix.lower() == ".gguf":
+        return "gguf"
+    if found.exists():
+        raise NotACheckpoint(path, "not_a_checkpoint", "not a Hugging Face checkpoint directory or a .gguf file")
+    raise NotACheckpoint(path, "not_found", "no such file or directory")
+
+
+def inspect_checkpoint(path: str | Path) -> Checkpoint:
+    """The checkpoint at `path`: its format (checkpoint_format), resolved path, architecture and size on disk."""
+    fmt = checkpoint_format(path)
+    resolved = Path(path).expanduser().resolve()
+    if fmt == "hf":
+        size = sum(f.stat().st_size for f in resolved.iterdir() if f.suffix in WEIGHT_SUFFIXES)
+        return Checkpoint(str(resolved), fmt, _hf_architecture(resolved / "config.json"), size)
+    return Checkpoint(str(resolved), fmt, _gguf_architecture(resolved), resolved.stat().st_size)
+
+
+def _hf_architecture(config: Path) -> str:
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(data.get("model_type") or "") if isinstance(data, dict) else ""
+
+
+def _gguf_architecture(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                return ""
+        from gguf import GGUFReader  # numpy only; maps the file without reading the tensors
+
+        field = GGUFReader(path).get_field("general.architecture")
+        return str(field.contents()) if field is not None else ""
+    except Exception:  # a damaged file: the loader names the problem when the load runs
+        return ""

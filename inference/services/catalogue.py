@@ -1,0 +1,47 @@
+"""The catalogue's write path: what a path names, and the one upsert of a catalogue row.
+
+An operator's load (the route, `manage.py load_model` against a running server) and `manage.py load_model` with no
+server running both end here, so a model catalogued either way is the same row: its checkpoint, its load options,
+where to place it, and `autoload`, so that `serve` loads it at start.
+"""
+
+from __future__ import annotations
+
+from inference.engine.contract.checkpoint import Checkpoint, NotACheckpoint, inspect_checkpoint
+from inference.engine.contract.params import LoadOptions
+from inference.models import CatalogModel
+from pantheon_site.errors import LoadFailed
+
+# How the control plane answers a path that is not a checkpoint (NotACheckpoint.reason -> HTTP status).
+NOT_A_CHECKPOINT_STATUS = {"not_found": 404, "not_a_checkpoint": 400}
+
+
+def checkpoint_at(path: str) -> Checkpoint:
+    """The checkpoint at `path`, read before any worker is involved. LoadFailed 404 when nothing is there, 400
+    when it is neither a Hugging Face checkpoint directory nor a GGUF file."""
+    try:
+        return inspect_checkpoint(path)
+    except NotACheckpoint as exc:
+        raise LoadFailed(str(exc), status=NOT_A_CHECKPOINT_STATUS[exc.reason], reason=exc.reason) from None
+
+
+def do_catalogue_model(
+    name: str, checkpoint: Checkpoint, options: LoadOptions, *, device: str = "", architecture: str = ""
+) -> CatalogModel:
+    """Makes `name` the catalogue entry for `checkpoint` loaded with `options` on `device` ("": automatic),
+    created or replaced, and marked autoload. `architecture` is the worker's word for it when a load ran (else what
+    the checkpoint says)."""
+    architecture_length = CatalogModel._meta.get_field("architecture").max_length
+    model, _ = CatalogModel.objects.update_or_create(
+        name=name,
+        defaults={
+            "path": checkpoint.path,
+            "format": checkpoint.format,
+            "architecture": (architecture or checkpoint.architecture)[:architecture_length],
+            "size_bytes": checkpoint.size_bytes,
+            "load_options": options,
+            "device": device,
+            "autoload": True,
+        },
+    )
+    return model

@@ -1,0 +1,83 @@
+"""A ceiling on request bodies, as an ASGI wrapper around the whole application (inside CORS, so refusals carry it).
+
+A body over PANTHEON_MAX_BODY_BYTES is answered 413 invalid_request_error before the application reads any of it:
+at once when Content-Length declares it, or, for a chunked body (no Content-Length), as soon as the bytes received
+pass the limit. The application is then told the client went away (`http.disconnect`), so Django stops reading,
+and the rest of the body is never handed to it. Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (a 400) comes only
+after its ASGI handler has copied the whole body into a temporary file.
+
+Under daphne this keeps an over-large body out of Django (its copy, the parsing, the views), not off the wire:
+Twisted receives a body in full before daphne calls the application, then daphne queues all of it for the
+application (dropped when the application returns). Refusing at the socket would take a hook in daphne's request.
+"""
+
+from django.conf import settings
+
+from pantheon_site.errors import RequestTooLarge, error_response
+
+
+class BodyLimitMiddleware:
+    """Wraps an ASGI app: refuses a body over the limit with 413 before the app reads it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = settings.PANTHEON_MAX_BODY_BYTES
+        declared = content_length(scope)
+        if declared is not None:
+            # The server hands the application at most Content-Length bytes: nothing to count.
+            if declared > limit:
+                return await refuse(send, limit)
+            return await self.app(scope, receive, send)
+
+        received = 0
+        over = False
+        started = False
+
+        async def counting_receive():
+            nonlocal received, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, counting_receive, tracking_send)
+        if over and not started:
+            await refuse(send, limit)
+        return None
+
+
+def content_length(scope) -> int | None:
+    """The request's Content-Length, or None when it has none (a chunked body) or one that is not a number."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def refuse(send, limit: int) -> None:
+    """Sends the 413, rendered by the one error renderer (pantheon_site/errors.py)."""
+    error = RequestTooLarge(
+        f"the request body is larger than the server's limit of {limit} bytes (PANTHEON_MAX_BODY_BYTES)",
+        reason="body_too_large",
+    )
+    response = error_response(error)
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
