@@ -9,6 +9,7 @@ import pytest
 import pytest_asyncio
 
 from inference.api.refusals import as_api_error
+from inference.engine import worker as worker_module
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
@@ -128,3 +129,30 @@ async def test_loaded_reports_the_configured_and_the_effective_window(client, st
         await client.unload("capped", drain_timeout=0)
     info = client.models()["stories"].info
     assert (info.context_window_configured, info.context_window) == (512, 512)
+
+
+@in_module_loop
+async def test_a_prompt_too_long_by_its_text_alone_is_refused_before_it_is_tokenized(client):
+    hosted_window = client.models()["stories"].info.context_window
+    tokenized = [{"role": "user", "content": "Once upon a time there was a cat. " * 200}]  # under the text bound
+    with pytest.raises(EngineError) as counted:
+        await generate(client, "stories", messages=tokenized, max_tokens=2)
+    assert seen_as(counted.value) == ("context_over_budget", 422)
+    assert counted.value.kv_used > hosted_window and "at least" not in counted.value.message  # an exact count
+    untokenized = [{"role": "user", "content": "x" * 1_000_000}]
+    with pytest.raises(EngineError) as bounded:
+        await generate(client, "stories", messages=untokenized, max_tokens=2)
+    assert seen_as(bounded.value) == ("context_over_budget", 422)
+    assert "at least" in bounded.value.message and bounded.value.kv_used > hosted_window  # a lower bound
+
+
+@in_module_loop
+async def test_a_prompt_prepared_on_the_preparation_thread_generates_what_the_loop_would(client, monkeypatch):
+    async def greedy_tokens() -> list[int]:
+        generation = await generate(client, "stories", messages=MESSAGES, max_tokens=12, sampling={"temperature": 0})
+        return [t for e in [e async for e in generation] if isinstance(e, p.Tokens) for t in e.token_ids]
+
+    inline = await greedy_tokens()
+    monkeypatch.setattr(worker_module, "INLINE_PREPARE_CHARS", 0)  # every chat prompt goes to the thread
+    prepared = await asyncio.wait_for(asyncio.gather(*(greedy_tokens() for _ in range(2))), 60)  # a hang guard
+    assert prepared == [inline, inline] and len(inline) == 12
