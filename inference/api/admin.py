@@ -23,7 +23,7 @@ async def list_instances(request):
     router = get_router()
     live = {(s.device, m.name): m for s in await router.client.status() for m in s.models}
     rows = [
-        admin_model_row(placement, router.served.get(name), live.get((placement.device, name)))
+        admin_model_row(placement, live.get((placement.device, name)))
         for name, placement in sorted(router.placements().items())
     ]
     return JsonResponse({"object": "list", "data": rows})

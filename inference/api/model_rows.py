@@ -1,5 +1,5 @@
 """The model rows of GET /v1/models (the client's plan) and of GET /admin/models and POST /admin/models/load (the
-operator's view), built from the engine's placements and the router's records.
+operator's view), each built from one placement (the engine client's record of a served model).
 
 Served numbers come from the worker (what the scheduler really runs: `max_concurrent`, `context_window`, which is
 also every completion's `usage.kv_cap`); the `*_configured` ones from the load options. A number that is not known
@@ -13,7 +13,6 @@ from typing import Any
 
 from inference.engine.contract import messages as p
 from inference.runtime.engine_client import ModelPlacement
-from inference.runtime.router import ServedModel
 
 OWNED_BY = "pantheon"
 
@@ -22,23 +21,21 @@ def _dies(device: str) -> list[int]:
     return [int(device.split(":", 1)[1])] if device.startswith("cuda:") else []
 
 
-def _max_sessions(served: ServedModel | None, max_concurrent: int | None) -> int | None:
+def _max_sessions(placement: ModelPlacement, max_concurrent: int | None) -> int | None:
     """Sessions are not kept between turns yet, so residency is what was asked for, else the decode slots."""
-    if served is not None and served.options.max_sessions:
-        return served.options.max_sessions
-    return max_concurrent
+    return placement.load.options.max_sessions or max_concurrent
 
 
-def v1_model_row(placement: ModelPlacement, served: ServedModel | None) -> dict[str, Any]:
+def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
     """One entry of GET /v1/models."""
     info = placement.info
     max_concurrent = info.max_concurrent if info else None
     row: dict[str, Any] = {
         "id": placement.name,
         "object": "model",
-        "created": int(served.loaded_at) if served else 0,
+        "created": int(placement.loaded_at or 0),
         "owned_by": OWNED_BY,
-        "max_sessions": _max_sessions(served, max_concurrent),
+        "max_sessions": _max_sessions(placement, max_concurrent),
         "max_concurrent": max_concurrent,
         "context_window": info.context_window if info else None,
         "tool_choice_required_with_thinking": False,
@@ -46,19 +43,17 @@ def v1_model_row(placement: ModelPlacement, served: ServedModel | None) -> dict[
     return {k: v for k, v in row.items() if v is not None}
 
 
-def admin_model_row(
-    placement: ModelPlacement, served: ServedModel | None, live: p.ModelStatus | None = None
-) -> dict[str, Any]:
+def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
     current occupancy (running, waiting, slots) when the worker answered a status query."""
     info: p.Loaded | None = placement.info
-    options = served.options if served else None
+    options = placement.load.options
     max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
     context_window = live.context_window if live else info.context_window if info else None
     row: dict[str, Any] = {
         "id": placement.name,
         "object": "model",
-        "instance_id": served.instance_id if served else None,
+        "instance_id": placement.instance_id,
         "state": placement.state,
         "path": info.path if info else placement.load.path,
         "format": info.format if info else None,
@@ -67,16 +62,16 @@ def admin_model_row(
         "dies": _dies(placement.device),
         "dtype": info.dtype if info else None,
         "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
-        "max_sessions": _max_sessions(served, max_concurrent),
+        "max_sessions": _max_sessions(placement, max_concurrent),
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for
         "context_window": context_window,
         "context_window_configured": (info.context_window_configured if info else None)
-        or (options.ctx_cap if options else None)
+        or options.ctx_cap
         or context_window,
-        "reasoning_budget": options.reasoning_budget if options else None,
-        "quantize": options.quantize if options else placement.load.options.quantize,
-        "loaded_at": int(served.loaded_at) if served else None,
+        "reasoning_budget": options.reasoning_budget,
+        "quantize": options.quantize,
+        "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
     }
     if live is not None:
         row["live"] = {"running": live.running, "waiting": live.waiting, "slots_used": live.slots_used,

@@ -40,7 +40,7 @@ async def list_models(request):
     except NoModelsLoaded:
         return JsonResponse({"object": "list", "backend": backend(None), "build": build_id(), "data": []})
     placements = router.placements()
-    data = [v1_model_row(placements[name], router.served.get(name)) for name in router.serving_names()]
+    data = [v1_model_row(placements[name]) for name in router.serving_names()]
     client = router.client
     return JsonResponse({"object": "list", "backend": backend(client), "build": build_id(), "data": data})
 

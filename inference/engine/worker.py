@@ -18,13 +18,13 @@ import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 import torch
 import zmq
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
@@ -250,7 +250,7 @@ class Worker:
             try:
                 hosted = pending.future.result()
             except Exception as exc:
-                self.send(p.Error(request_id=req.request_id, reason=_load_reason(req, exc), message=_load_problem(exc)))
+                self.send(p.Error(request_id=req.request_id, reason=_load_reason(exc), message=_load_problem(exc)))
                 continue
             if pending.unload_call:  # dropped here; freed with the last reference to it
                 message = f"model {req.name!r} was unloaded while loading"
@@ -360,8 +360,10 @@ def _load_problem(exc: Exception) -> str:
     return str(exc) if isinstance(exc, LoadError) else f"{type(exc).__name__}: {exc}"
 
 
-def _load_reason(req: p.Load, exc: Exception) -> Reason:
-    if not Path(req.path).exists():
+def _load_reason(exc: Exception) -> Reason:
+    if isinstance(exc.__cause__, NotACheckpoint):  # what the contract's sniffer said of the path
+        return Reason.CHECKPOINT_NOT_FOUND if exc.__cause__.reason == "not_found" else Reason.BAD_CHECKPOINT
+    if isinstance(exc, FileNotFoundError):
         return Reason.CHECKPOINT_NOT_FOUND
     if isinstance(exc, torch.OutOfMemoryError | MemoryError):
         return Reason.OUT_OF_MEMORY

@@ -57,7 +57,7 @@ class ControlPlane:
         self._sync_task: asyncio.Task | None = None
         self._autoload_task: asyncio.Task | None = None
         self._workers: dict[str, WorkerRecord] = {}
-        self._instances: dict[int, str] = {}  # instance id -> the state last written
+        self._instances: dict[int, str] = {}  # instance id -> its placement's state at the last sync
         self._stopping = False  # once set, nothing more is mirrored: stop() writes the final state itself
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -139,6 +139,7 @@ class ControlPlane:
             },  # fmt: skip
         )
         await self._sync_workers()
+        await self._sync_instances()  # now, while they are reloading: a reload may fail before the next sync
 
     async def _sync_forever(self) -> None:
         last_catalog = time.monotonic()
@@ -173,18 +174,22 @@ class ControlPlane:
             self._workers.update(changes)
 
     async def _sync_instances(self) -> None:
-        placements = self.router.placements()
+        """Mirrors the state of every placement with an instance row into that row. A placement that is gone was
+        unloaded (the unload deletes its row), unless it was reloading: then the reload failed, and its row says so."""
+        if self._stopping:
+            return
+        held = {pl.instance_id: pl.state for pl in self.router.placements().values() if pl.instance_id is not None}
         changes: dict[int, tuple[str, str]] = {}
-        for name, served in list(self.router.served.items()):
-            placement = placements.get(name)
-            if placement is None:  # its worker crashed and the reload failed: no longer served
-                del self.router.served[name]
-                changes[served.instance_id] = (InstanceState.FAILED, "the reload after a worker crash failed")
-                continue
-            state = INSTANCE_STATES.get(placement.state, InstanceState.READY)
-            if self._instances.get(served.instance_id, InstanceState.READY) != state:
-                self._instances[served.instance_id] = state
-                changes[served.instance_id] = (state, "")
+        for instance_id, last in list(self._instances.items()):
+            if instance_id not in held:
+                del self._instances[instance_id]
+                if last == "reloading":
+                    changes[instance_id] = (InstanceState.FAILED, "the reload after a worker crash failed")
+        for instance_id, state in held.items():
+            last = self._instances.get(instance_id, "ready")  # the load wrote its row as READY
+            self._instances[instance_id] = state
+            if INSTANCE_STATES[state] != INSTANCE_STATES[last]:
+                changes[instance_id] = (INSTANCE_STATES[state], "")
         if changes:
             await sync_to_async(_write_instances)(changes)
 

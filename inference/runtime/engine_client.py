@@ -66,13 +66,18 @@ class WorkerDied(EngineError):
 
 @dataclass(slots=True)
 class ModelPlacement:
-    """Which worker holds a model. state: loading, ready, unloading, or reloading (after its worker crashed)."""
+    """A served model: which worker holds it, how it was loaded, and the platform's two facts about it. state:
+    loading, ready, unloading, or reloading (after its worker crashed). `instance_id` is the ModelInstance row the
+    platform wrote once the load succeeded (None until then, and for a load that is not recorded); this client
+    only keeps it, as a plain int."""
 
     name: str
     device: str
     state: str
-    load: p.Load  # how it was loaded, replayed after a crash
+    load: p.Load  # how it was loaded (path, options, limits), replayed after a crash
     info: p.Loaded | None = None
+    instance_id: int | None = None
+    loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
 
 
 @dataclass(slots=True)
@@ -298,6 +303,8 @@ class ZmqEngineClient:
                 raise EngineError(message, Reason.LOAD_TIMEOUT) from exc
             raise
         placement.info, placement.state = info, "ready"
+        if placement.loaded_at is None:
+            placement.loaded_at = time.time()
         return info
 
     async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded:

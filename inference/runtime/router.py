@@ -1,8 +1,9 @@
 """The control plane's in-memory view of what it serves, and the routing of /v1 requests to a served name.
 
-The engine client knows which worker holds which model (its placements); the router adds what the platform
-knows about each (the database instance id, the options asked for, when it loaded) and the set of catalogued
-names, so routing a request reads memory only: no database query and no thread on the /v1 hot path.
+A served model is one record, the engine client's `ModelPlacement`: which worker holds it, how it was loaded, and
+the platform's facts about it (its ModelInstance row, set here by `record_instance`, and when it loaded). The router
+adds the set of catalogued names, so routing a request reads memory only: no database query and no thread on the
+/v1 hot path.
 
 Routing (spec: "Route model"): a name that is served is used; a name that is in the catalogue but not loaded is
 loaded on demand, unless the request says `X-miLLM-Load-Policy: refuse`; otherwise one loaded model takes any name,
@@ -16,12 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from inference.engine.contract.params import LoadOptions
 from inference.runtime.engine_client import EngineClient, ModelPlacement
 from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown
 
@@ -31,20 +29,8 @@ LOAD_POLICY_HEADER = "X-miLLM-Load-Policy"
 SERVING_STATES = ("ready", "reloading")  # reloading: its worker crashed and is coming back; requests get 500 meanwhile
 
 
-@dataclass(slots=True)
-class ServedModel:
-    """The platform's side of one loaded model: its ModelInstance row and the options it was loaded with."""
-
-    name: str
-    instance_id: int
-    path: str
-    device: str
-    options: LoadOptions = field(default_factory=LoadOptions)
-    loaded_at: float = field(default_factory=time.time)
-
-
 class ModelRouter:
-    """Routes requests to served names and keeps the platform's view of served models.
+    """Routes requests to served names, read from the engine client's placements.
 
     `load_catalogued(name)` is the coroutine that loads a catalogued model on demand (the control plane supplies it:
     it writes the instance row and the audit event).
@@ -53,7 +39,6 @@ class ModelRouter:
     def __init__(self, client: EngineClient, *, load_catalogued: Callable[[str], Awaitable[Any]] | None = None):
         self.client = client
         self.load_catalogued = load_catalogued
-        self.served: dict[str, ServedModel] = {}
         self.catalog_names: frozenset[str] = frozenset()
         self._loads: dict[str, asyncio.Future] = {}  # every load in progress, by name
         self._on_demand: dict[str, asyncio.Future] = {}  # loads /v1 requests started, which later requests share
@@ -81,8 +66,16 @@ class ModelRouter:
         """Names that take requests now (a model whose worker is being restarted still counts: it comes back)."""
         return [name for name, pl in self.client.models().items() if pl.state in SERVING_STATES]
 
-    def by_instance_id(self, instance_id: int) -> ServedModel | None:
-        return next((m for m in self.served.values() if m.instance_id == instance_id), None)
+    def by_instance_id(self, instance_id: int) -> ModelPlacement | None:
+        return next((pl for pl in self.client.models().values() if pl.instance_id == instance_id), None)
+
+    def record_instance(self, name: str, instance_id: int) -> ModelPlacement | None:
+        """Notes the ModelInstance row written for the loaded model `name`; returns its placement (None if the
+        model is no longer held: its worker crashed and the reload failed meanwhile)."""
+        placement = self.client.models().get(name)
+        if placement is not None:
+            placement.instance_id = instance_id
+        return placement
 
     def is_loading(self, name: str) -> bool:
         return name in self._loads

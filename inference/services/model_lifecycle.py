@@ -1,5 +1,6 @@
 """Loading and unloading models in the running server: the engine call, the catalogue and instance rows, the
-router's records. The operator routes, the on-demand load of /v1 and `serve`'s autoload all come here.
+instance id on the served model's placement. The operator routes, the on-demand load of /v1 and `serve`'s autoload
+all come here.
 
 A load is checked before anything changes (path, device, name, memory admission), then run on the worker, and only
 a load that succeeded is written: one transaction updates the catalogue row (when the load is an operator's) and
@@ -28,7 +29,7 @@ from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
 from inference.runtime.engine_client import EngineError
 from inference.runtime.host_probe import dies_visible
-from inference.runtime.router import ModelRouter, ServedModel
+from inference.runtime.router import ModelRouter
 from inference.services.catalogue import checkpoint_at, do_catalogue_model
 from pantheon_site.errors import LoadFailed, UnloadFailed
 
@@ -100,9 +101,13 @@ async def _load(
         logger.exception("recording the load of %s failed; unloading it again", name)
         await client.unload(name, drain_timeout=0)
         raise LoadFailed(f"the load of {name!r} could not be recorded: {exc}", reason="record_failed") from exc
-    router.served[name] = ServedModel(name, instance_id, info.path, loaded.device, options)
+    placement = router.record_instance(name, instance_id)
     router.catalog_names = router.catalog_names | {name}
-    return admin_model_row(router.placements()[name], router.served[name])
+    if placement is None:  # its worker crashed and the reload failed while the row was written
+        message = "the reload after a worker crash failed"
+        await sync_to_async(_set_instance_state)(instance_id, InstanceState.FAILED, last_error=message)
+        raise LoadFailed(f"{name!r} is no longer served: {message}", reason="reload_failed")
+    return admin_model_row(placement)
 
 
 def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
@@ -182,42 +187,44 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
     """Unloads a model by served name or instance id, draining its generations first. Raises UnloadFailed
     (404 not loaded, 409 already unloading or still loading, 500)."""
     if instance_id is not None:
-        served = router.by_instance_id(instance_id)
-        if served is None or (name and served.name != name):
+        placement = router.by_instance_id(instance_id)
+        if placement is None or (name and placement.name != name):
             raise UnloadFailed(f"no loaded instance has id {instance_id}", status=404, reason="unknown_instance")
-        name = served.name
-    placement = router.placements().get(name)
-    if placement is None:
-        raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
+        name = placement.name
+    else:
+        placement = router.placements().get(name)
+        if placement is None:
+            raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
     if placement.state in ("loading", "unloading") or router.is_loading(name):
         raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
-    served = router.served.get(name)
-    await sync_to_async(_set_instance_state)(served, InstanceState.UNLOADING)
+    await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.UNLOADING)
     try:
         reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
     except EngineError as exc:
-        await sync_to_async(_set_instance_state)(served, InstanceState.READY)
+        await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.READY)
         error = as_api_error(exc)
         if not isinstance(error, UnloadFailed):
             error = UnloadFailed(exc.message, reason=exc.reason.value)
         raise error from exc
-    router.served.pop(name, None)
-    await sync_to_async(_record_unload)(name, served)
+    await sync_to_async(_record_unload)(name, placement.instance_id)
     result: dict[str, Any] = {"unloaded": name}
-    if served is not None:
-        result["instance_id"] = served.instance_id
+    if placement.instance_id is not None:
+        result["instance_id"] = placement.instance_id
     result["aborted"] = reply.aborted
     return result
 
 
-def _set_instance_state(served: ServedModel | None, state: str) -> None:
-    if served is not None:
-        ModelInstance.objects.filter(pk=served.instance_id).update(state=state)
+def _set_instance_state(instance_id: int | None, state: str, *, last_error: str = "") -> None:
+    if instance_id is not None:
+        fields = {"state": state}
+        if last_error:
+            fields["last_error"] = last_error
+        ModelInstance.objects.filter(pk=instance_id).update(**fields)
 
 
-def _record_unload(name: str, served: ServedModel | None) -> None:
+def _record_unload(name: str, instance_id: int | None) -> None:
     """The instance is gone, and the catalogue no longer asks `serve` to load the model at start."""
     with transaction.atomic():
-        if served is not None:
-            ModelInstance.objects.filter(pk=served.instance_id).delete()
+        if instance_id is not None:
+            ModelInstance.objects.filter(pk=instance_id).delete()
         CatalogModel.objects.filter(name=name).update(autoload=False)

@@ -82,8 +82,14 @@ class PantheonServer:
 
     def worker_pids(self) -> list[int]:
         """The pids of this server's worker processes."""
-        children = psutil.Process(self.process.pid).children()
-        return [c.pid for c in children if "inference.engine.worker" in " ".join(c.cmdline())]
+        pids = []
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if "inference.engine.worker" in " ".join(child.cmdline()):
+                    pids.append(child.pid)
+            except psutil.Error:  # just killed: a zombie until the supervisor reaps it, no longer a worker
+                continue
+        return pids
 
     def manage(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
         """`manage.py ARGS` with this server's environment (so it finds the server through the run file)."""

@@ -109,17 +109,21 @@ async def test_refusals_carry_the_api_error_type_and_status(client, stories_hf_d
     assert set(client.models()) == {"stories"}  # the refused load left nothing behind
 
 
-async def test_pause_waits_for_the_running_sequence_and_holds_the_queue_until_resume(client):
+async def test_pause_waits_for_the_running_sequence_and_holds_the_queue_until_resume(client, timer):
     running = await generate(client, "stories", prompt_token_ids=[1, 300], max_tokens=40, ignore_eos=True)
     pause = asyncio.create_task(client.pause("stories"))
     queued = asyncio.create_task(generate(client, "stories", prompt_token_ids=[1, 301], max_tokens=5))
     tokens, done = await collect(running)
     assert sum(len(t.token_ids) for t in tokens) == 40 and done.finish_reason == "length"
     await asyncio.wait_for(pause, 10)  # answered once nothing runs
-    await asyncio.sleep(0.3)
+    # The worker steps the timer's generation meanwhile, one token a step: many more steps than the queued request
+    # would need to take the free slot and finish its 5 tokens, were the queue not held.
+    timing = await generate(client, timer, prompt_token_ids=[1, 300], max_tokens=40, ignore_eos=True)
+    tokens, done = await collect(timing)
+    assert done.completion_tokens == 40
     assert not queued.done()  # admitted to the queue, not to a slot, while paused
-    [status] = await client.status()
-    assert (status.models[0].state, status.models[0].waiting, status.models[0].running) == ("paused", 1, 0)
+    models = await models_by_name(client)
+    assert (models["stories"].state, models["stories"].waiting, models["stories"].running) == ("paused", 1, 0)
     await client.resume("stories")
     tokens, done = await collect(await asyncio.wait_for(queued, 10))
     assert done.completion_tokens == 5

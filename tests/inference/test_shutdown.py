@@ -4,7 +4,6 @@ server_shutting_down (Retry-After: 1) meanwhile, then stops the workers and exit
 import json
 import signal
 import threading
-import time
 
 import httpx
 import psutil
@@ -18,7 +17,9 @@ LONG = {"messages": [{"content": "Hi"}], "max_tokens": 500, "logit_bias": {"2": 
 
 
 def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests(start_server, stories_hf_dir, operator_token):
-    server = start_server(PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S="30")
+    # A drain timeout far past the wait for the exit below: a server that waited it out, rather than stopping once
+    # the stream is done, fails that wait.
+    server = start_server(PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S="600")
     with httpx.Client(base_url=server.url, timeout=60) as api:
         loaded = api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "s"},
                           headers=bearer(operator_token))  # fmt: skip
@@ -51,9 +52,7 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests(start_ser
         response = wait_for(refused, timeout=10, interval=0.02)
         assert response.json()["error"]["type"] == "server_shutting_down"
         assert response.headers["retry-after"] == "1"
-        refused_at = time.monotonic()
         reader.join(60)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
-    assert server.process.wait(30) == 0
-    assert time.monotonic() - refused_at < 30
+    assert server.process.wait(30) == 0  # once the stream is done, not at the drain timeout
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)

@@ -1,4 +1,4 @@
-"""A worker process killed during a streaming completion: the stream ends with a terminal error event within 5 s,
+"""A worker process killed during a streaming completion: the stream ends with a terminal error event at once,
 the supervisor starts the worker again with its model, the model serves again, and the crash is audited."""
 
 import json
@@ -35,8 +35,17 @@ def running(api, operator_token) -> int:
     return row.get("live", {}).get("running", 0)
 
 
+def full_generation_time(api, body) -> float:
+    """How long the whole generation of `body` takes on the server's worker, to the end of its response."""
+    started = time.monotonic()
+    response = api.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return time.monotonic() - started
+
+
 def test_worker_killed_mid_stream(server, api):
     [pid] = server.worker_pids()
+    full = full_generation_time(api, LONG_STREAM)
     with api.stream("POST", "/v1/chat/completions", json=LONG_STREAM) as stream:
         lines = stream.iter_lines()
         for _ in range(3):
@@ -45,7 +54,7 @@ def test_worker_killed_mid_stream(server, api):
         killed_at = time.monotonic()
         events = [line for line in lines if line]
         ended_at = time.monotonic()
-    assert ended_at - killed_at < 5.0
+    assert ended_at - killed_at < full / 2  # long before the generation could have finished by itself
     assert "data: [DONE]" not in events
     error = json.loads(events[-1][len("data: ") :])["error"]
     assert error["type"] == "server_error" and error["code"] is None and "died" in error["message"]
@@ -67,14 +76,20 @@ def test_worker_killed_mid_stream(server, api):
 def test_a_non_streaming_request_in_flight_gets_500(server, api, operator_token):
     [pid] = server.worker_pids()
     body = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500}
+    full = full_generation_time(api, body)
     result = {}
     with httpx.Client(base_url=server.url, timeout=60) as other:
-        thread = threading.Thread(target=lambda: result.update(r=other.post("/v1/chat/completions", json=body)))
+
+        def post():
+            result["r"] = other.post("/v1/chat/completions", json=body)
+            result["answered_at"] = time.monotonic()
+
+        thread = threading.Thread(target=post)
         thread.start()
-        wait_for(lambda: running(api, operator_token) == 1, timeout=5, interval=0.01)
+        wait_for(lambda: running(api, operator_token) == 1, timeout=30, interval=0.01)
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        thread.join(10)
-    assert time.monotonic() - killed_at < 5.0
+        thread.join(60)  # a hang guard; how soon is judged below
+    assert result["answered_at"] - killed_at < full / 2  # long before the generation could have finished by itself
     response = result["r"]
     assert response.status_code == 500 and response.json()["error"]["type"] == "server_error"

@@ -1,6 +1,6 @@
 """Real worker processes serving stories260K through the engine client, supervised as `manage.py serve` runs them:
 load, stream, abort, status, unload with a drain, and a worker killed (or hung) mid-generation: the stream ends
-with WorkerDied within seconds, the crash hook runs, the worker comes back with its model and serves again."""
+with WorkerDied at once, the crash hook runs, the worker comes back with its model and serves again."""
 
 import asyncio
 import os
@@ -167,14 +167,17 @@ async def test_unload_past_its_drain_timeout_ends_the_generation_with_an_error(c
 async def test_killed_worker_fails_its_stream_fast_restarts_and_serves_its_model_again(supervisor, client, reference):
     worker = supervisor.workers["cpu"]
     old_pid, restarts = worker.process.pid, worker.restarts
+    started = time.monotonic()
+    await collect(await generate(client, "stories", messages=MESSAGES, max_tokens=480, ignore_eos=True))
+    full = time.monotonic() - started  # how long the whole generation takes on this worker
     generation = await generate(client, "stories", messages=MESSAGES, max_tokens=480, ignore_eos=True)
     await anext(generation)
     killed_at = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
     with pytest.raises(WorkerDied):
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(60):  # a hang guard; how soon is judged below
             await collect(generation)
-    assert time.monotonic() - killed_at < 5
+    assert time.monotonic() - killed_at < full / 2  # ended long before the generation could have finished by itself
     with pytest.raises(WorkerDied):  # while it is down, the model fails fast too
         await generate(client, "stories", messages=MESSAGES, max_tokens=5)
     await wait_until(lambda: supervisor.crashes, 5)
@@ -184,7 +187,9 @@ async def test_killed_worker_fails_its_stream_fast_restarts_and_serves_its_model
     await wait_until(lambda: client.models().get("stories") and client.models()["stories"].state == "ready", 90)
     [info] = supervisor.describe()
     assert (info.device, info.state, info.restarts) == ("cpu", "ready", restarts + 1) and info.pid != old_pid
-    assert time.time() - info.last_heartbeat < 5
+    heard = info.last_heartbeat  # the new worker's last message (the reload's answer, or a heartbeat since)
+    await wait_until(lambda: (supervisor.describe()[0].last_heartbeat or 0) > heard, 30)  # idle, it heartbeats...
+    assert supervisor.describe()[0].pid == info.pid  # ...itself, rather than being replaced for its silence
     assert supervisor.placements() == {"stories": "cpu"}
     _, text, _ = await collect(await generate(client, "stories", messages=MESSAGES, sampling=GREEDY, max_tokens=20))
     assert text == reference[2]

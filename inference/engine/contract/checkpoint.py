@@ -18,14 +18,14 @@ GGUF_MAGIC = b"GGUF"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 Format = Literal["hf", "gguf"]
-Reason = Literal["not_found", "not_a_checkpoint"]
+Why = Literal["not_found", "not_a_checkpoint"]  # why a path is not a checkpoint
 
 
 class NotACheckpoint(Exception):
     """`path` cannot be loaded: nothing is there (`reason` "not_found") or it is neither a checkpoint directory nor
     a GGUF file ("not_a_checkpoint"). `problem` says so in words; str() is "{path}: {problem}"."""
 
-    def __init__(self, path: str | Path, reason: Reason, problem: str):
+    def __init__(self, path: str | Path, reason: Why, problem: str):
         self.path = str(path)
         self.reason = reason
         self.problem = problem

@@ -20,13 +20,12 @@ from pathlib import Path
 import gguf
 import torch
 
+from inference.engine.contract.checkpoint import GGUF_MAGIC
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
 from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import expected_hf_shapes
-
-GGUF_MAGIC = b"GGUF"
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
