@@ -21,7 +21,7 @@ from inference.api.reasoning import ReasoningSplitter
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest
 from inference.engine.contract import messages as p
-from inference.runtime.engine_client import EngineError, Generation
+from inference.runtime.generation import EngineError, Generation
 from pantheon_site.errors import PantheonError, openai_error_body
 
 

@@ -22,7 +22,8 @@ from inference.api.model_rows import v1_model_row
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest, parse_chat_request
 from inference.engine.contract.messages import Submit
-from inference.runtime.engine_client import EngineClient, EngineError, Generation
+from inference.runtime.engine_client import EngineClient
+from inference.runtime.generation import EngineError, Generation
 from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import LOAD_POLICY_HEADER, ModelRouter, get_router
 from pantheon_site.auth import arequire_client_token

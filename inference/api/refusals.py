@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from inference.engine.contract.reasons import Reason
-from inference.runtime.engine_client import EngineError
+from inference.runtime.generation import EngineError
 from pantheon_site.errors import (
     ContextOverBudget,
     InvalidRequest,

@@ -27,7 +27,7 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import Checkpoint
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
-from inference.runtime.engine_client import EngineError
+from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import ModelRouter
 from inference.services.catalogue import checkpoint_at, do_catalogue_model

@@ -21,7 +21,7 @@ from inference.engine.kv_budget import (
     weight_bytes_estimate,
 )
 from inference.engine.loaders.loading import load_model
-from inference.runtime.engine_client import EngineError
+from inference.runtime.generation import EngineError
 from inference.runtime.in_process_client import InProcessEngineClient
 from tests.inference.engine_calls import generate, load, seen_as, submit
 
