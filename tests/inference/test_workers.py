@@ -13,7 +13,7 @@ import pytest_asyncio
 from inference.engine.contract import messages as p
 from inference.engine.hosted_model import chat_prompt_ids
 from inference.engine.loaders.loading import load_model
-from inference.runtime.engine_client import EngineError, WorkerDied
+from inference.runtime.generation import EngineError, WorkerDied
 from inference.runtime.supervisor import WorkerSupervisor
 from tests.inference.engine_calls import generate, load, seen_as
 
