@@ -33,7 +33,7 @@ class InProcessEngineClient(ZmqEngineClient):
         self._threads: list[threading.Thread] = []
 
     async def start(self) -> None:
-        from inference.engine.worker import serve  # torch is imported only by clients that run workers here
+        from inference.engine.worker_process import serve  # torch is imported only by clients that run workers here
 
         await super().start()
         loop = asyncio.get_running_loop()

@@ -168,7 +168,7 @@ class WorkerSupervisor:
         self._incarnations += 1
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        command = [self.python, "-m", "inference.engine.worker", "--endpoint", self.client.endpoint,
+        command = [self.python, "-m", "inference.engine.worker_process", "--endpoint", self.client.endpoint,
                    "--device", device, "--identity", f"{device}/{self._incarnations}",
                    "--heartbeat-interval", str(self.heartbeat_interval)]  # fmt: skip
         # A session of its own: a Ctrl-C in the terminal reaches the control plane, which then stops the workers.
