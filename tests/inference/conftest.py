@@ -8,12 +8,11 @@ access through `serving_db`, which flushes once more when the module's servers h
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from django.core.management import call_command
 
 from pantheon_site.tokens import do_create_token
-from tests.inference.serving import PantheonServer, bearer, serving_env
+from tests.inference.serving import PantheonServer, operator_client, serving_env
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,5 @@ def server(start_server) -> PantheonServer:
 @pytest.fixture
 def api(server, operator_token):
     """An operator's client of the module's server; unloads whatever the test left loaded."""
-    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as client:
+    with operator_client(server, operator_token) as client:
         yield client
-        for row in client.get("/admin/models").json()["data"]:
-            client.post("/admin/models/unload", json={"name": row["id"]})

@@ -3,6 +3,7 @@ processes, on this test run's database and secret key; and small helpers for tal
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -124,6 +126,16 @@ def run_manage(env: dict[str, str], *args: str, timeout: float = 120.0) -> subpr
 
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
+
+
+@contextlib.contextmanager
+def operator_client(server: PantheonServer, token: str) -> Iterator[httpx.Client]:
+    """An operator's client of `server`; on leaving, unloads whatever is still loaded, so the next test starts
+    from an empty server."""
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(token)) as client:
+        yield client
+        for row in client.get("/admin/models").json()["data"]:
+            client.post("/admin/models/unload", json={"name": row["id"]})
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):

@@ -16,7 +16,7 @@ import pytest
 from inference.api.serializers import MAX_JSON_DEPTH
 from pantheon_site.asgi import application
 from pantheon_site.models import AuditEvent
-from tests.inference.serving import bearer, wait_for
+from tests.inference.serving import operator_client, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,10 +40,8 @@ def small_body_server(start_server):
 @pytest.fixture
 def small_api(small_body_server, operator_token):
     """An operator's client of the small-limit server; unloads whatever the test loaded."""
-    with httpx.Client(base_url=small_body_server.url, timeout=60, headers=bearer(operator_token)) as client:
+    with operator_client(small_body_server, operator_token) as client:
         yield client
-        for row in client.get("/admin/models").json()["data"]:
-            client.post("/admin/models/unload", json={"name": row["id"]})
 
 
 def load_stories(client: httpx.Client, path) -> None:
