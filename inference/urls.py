@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from inference.api import admin, health, openai
+from inference.api import admin, health, openai, sessions
 
 urlpatterns = [
     path("", health.health),
@@ -12,4 +12,10 @@ urlpatterns = [
     path("admin/models/load", admin.load),
     path("admin/models/unload", admin.unload),
     path("admin/dies", admin.list_dies),
+    path("admin/sessions", sessions.list_sessions),
+    path("admin/session/export", sessions.export),
+    path("session/restore", sessions.restore),
+    path("session/release", sessions.release),
+    path("session/estimate", sessions.estimate),
+    path("session/watch", sessions.watch),
 ]

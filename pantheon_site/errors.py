@@ -108,6 +108,38 @@ class ModelAtSessionCapacity(_RetryableError):
     default_retry_after = 30
 
 
+class SessionCachingDisabled(PantheonError):
+    """400: a session route on a model that keeps no sessions (max_sessions 0, or PANTHEON_SESSIONS off)."""
+
+    status, type, default_message = 400, "session_caching_disabled", "this model has no session cache"
+
+
+class SessionNotFound(PantheonError):
+    """404: no live session with that id (never started, released, or reaped for idleness)."""
+
+    status, type, default_message = 404, "session_not_found", "no live session with that id"
+
+
+class SessionBusy(PantheonError):
+    """429: a turn is in flight on that session; retry after it completes. The spec gives no Retry-After."""
+
+    status, type, default_message = 429, "session_busy", "a turn is in flight on that session"
+
+
+class BadSessionBlob(PantheonError):
+    """400: a session blob that is not base64, is corrupt, comes from another architecture or does not fit the
+    model. Nothing was changed."""
+
+    status, type, default_message = 400, "bad_session_blob", "not a usable session blob"
+
+
+class WeightsVersionMismatch(PantheonError):
+    """409: a session blob captured under other weights; replay the conversation instead."""
+
+    status, type = 409, "weights_version_mismatch"
+    default_message = "the blob was captured under different weights; replay the conversation instead"
+
+
 class NoModelsLoaded(PantheonError):
     """503: nothing is loaded and the request named nothing the catalogue could load."""
 

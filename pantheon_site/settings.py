@@ -171,9 +171,19 @@ PANTHEON_MIN_FREE_MEMORY_BYTES = _env_int("PANTHEON_MIN_FREE_MEMORY_BYTES", 256 
 # On SIGTERM: how long generations in flight may run on (new requests get 503 server_shutting_down) before the
 # workers stop.
 PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S = _env_float("PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S", 30.0)
+# The KV cache is a pool of blocks of this many positions; the pool holds PANTHEON_KV_POOL_TOKENS positions per model
+# (0: room for max_concurrent sequences at the full context window, as much as fits the device).
+PANTHEON_KV_BLOCK_SIZE = _env_int("PANTHEON_KV_BLOCK_SIZE", 16)
+PANTHEON_KV_POOL_TOKENS = _env_int("PANTHEON_KV_POOL_TOKENS", 0)
+# Sessions (`session_id` on a chat request) keep a conversation's KV between turns, up to max_sessions ids per model
+# (the load's max_sessions, else its max_concurrent). Off: no model keeps sessions, a session key is ignored and the
+# session routes answer session_caching_disabled.
+PANTHEON_SESSIONS = _env_bool("PANTHEON_SESSIONS", True)
 # Sessions: reaped after this long idle (12 h); released this long after their last watch closes (45 s).
 PANTHEON_SESSION_IDLE_TTL_S = _env_float("PANTHEON_SESSION_IDLE_TTL_S", 12 * 3600.0)
 PANTHEON_SESSION_WATCH_GRACE_S = _env_float("PANTHEON_SESSION_WATCH_GRACE_S", 45.0)
+# GET /session/watch sends a keep-alive comment this often, so proxies and clients do not time the hold out.
+PANTHEON_SESSION_WATCH_KEEPALIVE_S = _env_float("PANTHEON_SESSION_WATCH_KEEPALIVE_S", 15.0)
 # How long an unload waits for generations in flight before it gives up with unload_failed.
 PANTHEON_UNLOAD_DRAIN_TIMEOUT_S = _env_float("PANTHEON_UNLOAD_DRAIN_TIMEOUT_S", 60.0)
 # /v1 is open unless this is set; then a client, trainer or operator token is required.
@@ -197,5 +207,7 @@ PANTHEON_RETRY_AFTER_QUEUE_TIMEOUT_S = _env_float("PANTHEON_RETRY_AFTER_QUEUE_TI
 PANTHEON_RETRY_AFTER_MEMORY_S = _env_float("PANTHEON_RETRY_AFTER_MEMORY_S", 5.0)
 PANTHEON_RETRY_AFTER_SHUTDOWN_S = _env_float("PANTHEON_RETRY_AFTER_SHUTDOWN_S", 1.0)
 PANTHEON_RETRY_AFTER_RELOAD_S = _env_float("PANTHEON_RETRY_AFTER_RELOAD_S", 5.0)
+# ... and of a new session id refused because every session slot of the model is taken (spec: 30).
+PANTHEON_RETRY_AFTER_SESSION_S = _env_float("PANTHEON_RETRY_AFTER_SESSION_S", 30.0)
 # How long a load may take in the worker before the control plane reports load_failed.
 PANTHEON_LOAD_TIMEOUT_S = _env_float("PANTHEON_LOAD_TIMEOUT_S", 600.0)

@@ -32,11 +32,12 @@ def new_completion_id() -> str:
 
 def usage_body(generations: list[Generation]) -> dict[str, Any]:
     """The request's usage: the prompt counted once, completion tokens summed across choices, the KV numbers of the
-    fullest choice."""
+    fullest choice (cached_tokens of the first, the one that uses the session), and `session_conflict: true` when
+    the worker said conversations of the session competed (left out otherwise)."""
     finished = [g.finished for g in generations]
     prompt = finished[0].prompt_tokens
     completion = sum(f.completion_tokens for f in finished)
-    return {
+    usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
@@ -44,6 +45,9 @@ def usage_body(generations: list[Generation]) -> dict[str, Any]:
         "kv_used": max(f.kv_used for f in finished),
         "kv_cap": finished[0].kv_cap,
     }
+    if any(f.session_conflict for f in finished):
+        usage["session_conflict"] = True
+    return usage
 
 
 def logprobs_content(tokens: p.Tokens) -> list[dict[str, Any]]:

@@ -21,9 +21,10 @@ def _dies(device: str) -> list[int]:
     return [int(device.split(":", 1)[1])] if device.startswith("cuda:") else []
 
 
-def _max_sessions(placement: ModelPlacement, max_concurrent: int | None) -> int | None:
-    """Sessions are not kept between turns yet, so residency is what was asked for, else the decode slots."""
-    return placement.load.options.max_sessions or max_concurrent
+def _max_sessions(placement: ModelPlacement) -> int:
+    """Residency: the session ids the worker keeps KV for (the load's max_sessions, else its max_concurrent; 0 when
+    sessions are off), as the load sent it."""
+    return placement.load.limits.max_sessions
 
 
 def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
         "object": "model",
         "created": int(placement.loaded_at or 0),
         "owned_by": OWNED_BY,
-        "max_sessions": _max_sessions(placement, max_concurrent),
+        "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "context_window": info.context_window if info else None,
         "tool_choice_required_with_thinking": False,
@@ -45,7 +46,8 @@ def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
 
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
-    current occupancy (running, waiting, slots) when the worker answered a status query."""
+    current occupancy (running, waiting, slots) and the KV pool's (blocks total, free, cached, pinned by sessions,
+    their size, the sessions held) when the worker answered a status query."""
     info: p.Loaded | None = placement.info
     options = placement.load.options
     max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
@@ -62,7 +64,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "dies": _dies(placement.device),
         "dtype": info.dtype if info else None,
         "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
-        "max_sessions": _max_sessions(placement, max_concurrent),
+        "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for
         "context_window": context_window,
@@ -75,5 +77,8 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
     }
     if live is not None:
         row["live"] = {"running": live.running, "waiting": live.waiting, "slots_used": live.slots_used,
-                       "slots_total": live.slots_total, "state": live.state}  # fmt: skip
+                       "slots_total": live.slots_total, "state": live.state,
+                       "blocks_total": live.blocks_total, "blocks_free": live.blocks_free,
+                       "blocks_cached": live.blocks_cached, "blocks_pinned": live.blocks_pinned,
+                       "block_size": live.block_size, "sessions": live.sessions}  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}

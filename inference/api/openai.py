@@ -49,7 +49,7 @@ async def list_models(request):
 @only("POST")
 async def chat_completions(request):
     await arequire_client_token(request, operation="chat_completion")
-    chat = parse_chat_request(request.body)
+    chat = parse_chat_request(request.body, request.headers)
     router = get_router()
     router.begin_completion()
     streaming = False
@@ -77,7 +77,12 @@ async def chat_completions(request):
 
 async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, completion_id: str) -> list[Generation]:
     """Submits one generation per choice, all at once (they decode side by side), and waits for their admission.
-    If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all."""
+    If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all.
+
+    The session key goes with the first choice only (spec: only the first uses the session's prefix cache), and
+    only to a model that keeps sessions: on one that does not (max_sessions 0) a key is ignored, as a client that
+    sends X-Session-Id on every request expects."""
+    session_id = chat.session_id if _keeps_sessions(client, model) else None
     submits = [
         Submit(
             request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
@@ -88,6 +93,7 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             sampling=chat.sampling_for_choice(i),
             max_tokens=chat.max_tokens,
             stop=chat.stop,
+            session_id=session_id if i == 0 else None,
         )
         for i in range(chat.n)
     ]
@@ -99,6 +105,11 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
                 generation.abort()
         raise failures[0]
     return list(results)
+
+
+def _keeps_sessions(client: EngineClient, model: str) -> bool:
+    placement = client.models().get(model)
+    return placement is not None and placement.load.limits.max_sessions > 0
 
 
 async def counted(router: ModelRouter, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -15,9 +15,11 @@ from django.conf import settings
 from inference.engine.contract.reasons import Reason
 from inference.runtime.generation import EngineError
 from pantheon_site.errors import (
+    BadSessionBlob,
     ContextOverBudget,
     InvalidRequest,
     LoadFailed,
+    ModelAtSessionCapacity,
     ModelNotFound,
     ModelReloading,
     PantheonError,
@@ -25,7 +27,11 @@ from pantheon_site.errors import (
     ServerError,
     ServerMemoryConstrained,
     ServerShuttingDown,
+    SessionBusy,
+    SessionCachingDisabled,
+    SessionNotFound,
     UnloadFailed,
+    WeightsVersionMismatch,
 )
 
 
@@ -52,6 +58,12 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.INTERNAL: Refusal(ServerError),
     Reason.WORKER_DIED: Refusal(ServerError),
     Reason.MODEL_RELOADING: Refusal(ModelReloading, retry_after_setting="PANTHEON_RETRY_AFTER_RELOAD_S"),
+    Reason.SESSION_CAPACITY: Refusal(ModelAtSessionCapacity, retry_after_setting="PANTHEON_RETRY_AFTER_SESSION_S"),
+    Reason.SESSIONS_DISABLED: Refusal(SessionCachingDisabled),
+    Reason.SESSION_NOT_FOUND: Refusal(SessionNotFound),
+    Reason.SESSION_BUSY: Refusal(SessionBusy),
+    Reason.BAD_SESSION_BLOB: Refusal(BadSessionBlob),
+    Reason.WEIGHTS_VERSION_MISMATCH: Refusal(WeightsVersionMismatch),
     Reason.ALREADY_LOADED: Refusal(LoadFailed, 409),
     Reason.CHECKPOINT_NOT_FOUND: Refusal(LoadFailed, 404),
     Reason.BAD_CHECKPOINT: Refusal(LoadFailed, 400),

@@ -2,7 +2,8 @@
 
 Every field keeps the spec's default and clamp (pantheon-http-api.md, "Request body"), so a route receives values it
 can hand to the engine unchanged. Anything that fails validation raises `InvalidRequest` (400
-invalid_request_error) with a one-line message naming the field.
+invalid_request_error) with a one-line message naming the field. The session routes' bodies build on the session
+key checks here (session_requests.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ LOGIT_BIAS_LIMIT = 100.0
 PENALTY_LIMIT = 2.0
 MAX_DIES = 8
 MAX_CHOICES = 8  # n is capped here; the response then says n_status "capped_to_8"
+SESSION_ID_MAX_CHARS = 256  # a session key is an opaque id (opencode sends a ulid); this bounds what we keep and log
+SESSION_HEADER = "X-Session-Id"
 
 
 MAX_JSON_DEPTH = 128  # arrays and objects inside one another; real bodies (tool schemas included) stay far below
@@ -155,6 +158,48 @@ class LogitBiasField(serializers.Field):
         return value
 
 
+def session_id_error(value: Any) -> str | None:
+    """Why `value` is not a session key (None when it is one): a non-empty string of at most SESSION_ID_MAX_CHARS
+    printable characters."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not value:
+        return "must not be empty"
+    if len(value) > SESSION_ID_MAX_CHARS:
+        return f"must be at most {SESSION_ID_MAX_CHARS} characters"
+    if not value.isprintable():
+        return "must not contain control characters"
+    return None
+
+
+class SessionIdField(serializers.Field):
+    """A session key in a body or query (see `session_id_error`); null or absent reads as no key."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("required", False)
+        if not kwargs["required"]:
+            kwargs.setdefault("default", None)
+        super().__init__(allow_null=True, **kwargs)
+
+    def to_internal_value(self, data):
+        if problem := session_id_error(data):
+            raise serializers.ValidationError(problem)
+        return data
+
+    def to_representation(self, value):
+        return value
+
+
+def session_id_from_header(headers: Any) -> str | None:
+    """The X-Session-Id header's session key (None without the header); InvalidRequest when it is not one."""
+    value = headers.get(SESSION_HEADER)
+    if value is None:
+        return None
+    if problem := session_id_error(value):
+        raise InvalidRequest(f"{SESSION_HEADER}: {problem}", reason="session_id")
+    return value
+
+
 class MessageSerializer(serializers.Serializer):
     """One chat turn. A missing role is a user turn; non-string content is read as empty."""
 
@@ -200,10 +245,15 @@ class ChatCompletionSerializer(serializers.Serializer):
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     enable_thinking = serializers.BooleanField(required=False, allow_null=True, default=None)
     n = serializers.IntegerField(required=False, allow_null=True, default=1)
+    session_id = SessionIdField()
+    prompt_cache_key = SessionIdField()  # OpenAI's name for it
+    promptCacheKey = SessionIdField()  # noqa: N815  opencode's camelCase body field
 
 
-def chat_request_from(data: dict[str, Any]) -> ChatRequest:
-    """ChatCompletionSerializer's validated data as what the route and the engine need, defaults and clamps applied."""
+def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
+    """ChatCompletionSerializer's validated data as what the route and the engine need, defaults and clamps applied.
+    The session key is the body's session_id, else prompt_cache_key, else promptCacheKey, else the X-Session-Id
+    header of `headers` (which is only read, and validated, when no body key is given)."""
     max_tokens = data.get("max_tokens")
     if max_tokens is None:
         max_tokens = data.get("max_completion_tokens")
@@ -229,6 +279,9 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
     if data.get("tool_choice") == "none":
         tools = None
     n = max(1, data.get("n") or 1)
+    session_id = data.get("session_id") or data.get("prompt_cache_key") or data.get("promptCacheKey")
+    if session_id is None and headers is not None:
+        session_id = session_id_from_header(headers)
     return ChatRequest(
         model=data.get("model") or "",
         messages=[dict(m) for m in data["messages"]],
@@ -241,6 +294,7 @@ def chat_request_from(data: dict[str, Any]) -> ChatRequest:
         enable_thinking=data.get("enable_thinking"),
         n=min(n, MAX_CHOICES),
         n_status="capped_to_8" if n > MAX_CHOICES else None,
+        session_id=session_id,
     )
 
 
@@ -259,6 +313,7 @@ class ChatRequest:
     enable_thinking: bool | None = None
     n: int = 1  # separate decodes, each a choice
     n_status: str | None = None  # why fewer choices than asked for come back
+    session_id: str | None = None  # the session whose KV this conversation keeps between turns
 
     @property
     def wants_logprobs(self) -> bool:
@@ -271,9 +326,10 @@ class ChatRequest:
         return msgspec.structs.replace(self.sampling, seed=(self.sampling.seed + index) % SEED_LIMIT)
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    """The body of POST /v1/chat/completions, validated; InvalidRequest otherwise."""
-    return chat_request_from(validated(ChatCompletionSerializer, parse_json_object(raw)))
+def parse_chat_request(raw: bytes, headers: Any = None) -> ChatRequest:
+    """The body of POST /v1/chat/completions (with the request's `headers`, for X-Session-Id), validated;
+    InvalidRequest otherwise."""
+    return chat_request_from(validated(ChatCompletionSerializer, parse_json_object(raw)), headers)
 
 
 # -- operator routes ----------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from inference.engine.loaders.loading import LoadedModel, load_model
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.session_calls import SessionCall, answer
+from inference.engine.sessions import SessionTable
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 
@@ -91,6 +93,7 @@ class HostedModel:
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
         self.kv_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
+
         self.unload: p.Unload | None = None
         self.deadline = 0.0
 
@@ -107,7 +110,8 @@ class HostedModel:
         configured = configured_window(config, options.ctx_cap)
         element = element_size(options.dtype or None, device)
         budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
-        window = effective_window(configured, kv_bytes_per_token(config, element), slots, budget)
+        per_token = kv_bytes_per_token(config, element)
+        window = effective_window(configured, per_token, slots, budget)
         if window < min(MIN_WINDOW, configured):
             raise MemoryError(f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
                               f"left after the weights and the {limits.min_free_memory}-byte reserve")  # fmt: skip
@@ -118,7 +122,17 @@ class HostedModel:
             quantize=options.quantize,
             max_concurrent=slots,
             context_window=window,
+            block_size=limits.block_size,
+            pool_tokens=min(limits.kv_pool_tokens, max(0, budget) // per_token),
         )
+        sessions = None
+        if limits.max_sessions:
+            sessions = SessionTable(
+                model.runner.cache,
+                max_sessions=limits.max_sessions,
+                idle_ttl=limits.session_idle_ttl,
+                watch_grace=limits.watch_grace,
+            )
         scheduler = Scheduler(
             model.runner,
             model.tokenizer,
@@ -126,6 +140,7 @@ class HostedModel:
             queue_depth=limits.queue_depth,
             queue_timeout=limits.queue_timeout,
             prefill_chunk=limits.prefill_chunk,
+            sessions=sessions,
         )
         return cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
                    window_configured=configured)  # fmt: skip
@@ -180,16 +195,33 @@ class HostedModel:
             stop=req.stop,
             max_tokens=req.max_tokens,
             context_window=window,
+            session_id=req.session_id,
         )
 
     def admit(self, seq: Sequence) -> None:
-        """Queues a prepared sequence, or raises RequestRefused (low memory, queue full)."""
+        """Queues a prepared sequence, or raises RequestRefused (low memory, queue full, a new session id while
+        every session place is taken)."""
         if self.min_free_memory and (free := free_memory(self.device)) < self.min_free_memory:
             message = f"{self.device} has {free} bytes free, below the {self.min_free_memory}-byte reserve"
             raise refusal(seq.request_id, Reason.LOW_MEMORY, message)
         if self.scheduler.is_full():
             raise refusal(seq.request_id, Reason.QUEUE_FULL, f"model {self.name!r} is busy; retry shortly")
+        sessions = self.scheduler.sessions
+        if seq.session_id is not None and sessions is not None:
+            seq.session = sessions.claim(seq.session_id)
+            if seq.session is None:
+                raise refusal(seq.request_id, Reason.SESSION_CAPACITY, self._capacity_message(len(seq.prompt_ids)))
         self.scheduler.add(seq)
+
+    def _capacity_message(self, prompt_tokens: int) -> str:
+        """Why a new session id is refused, with what re-prefilling this prompt without a session would take."""
+        rate = self.scheduler.prefill_tok_per_s
+        estimate = f"about {prompt_tokens / rate:.1f} s at the measured {rate:.0f} tok/s" if rate else "unmeasured yet"
+        return (
+            f"all {self.scheduler.sessions.max_sessions} session places of model {self.name!r} hold a live session; "
+            f"retry later, release a session, or send the request without a session id (re-prefilling its "
+            f"{prompt_tokens} prompt tokens: {estimate})"
+        )
 
     def loaded(self, req: p.Load, started: float) -> p.Loaded:
         """The LOADED reply to the LOAD that built this model."""
@@ -208,10 +240,12 @@ class HostedModel:
             context_window_configured=self.window_configured,
             max_concurrent=scheduler.max_concurrent,
             load_seconds=time.monotonic() - started,
+            weights_version=model.weights_version,
         )
 
     def status(self) -> p.ModelStatus:
         s = self.scheduler
+        pool = self.model.runner.cache.pool
         return p.ModelStatus(
             name=self.name,
             path=str(self.model.path),
@@ -224,4 +258,14 @@ class HostedModel:
             waiting=len(s.waiting),
             max_concurrent=s.max_concurrent,
             context_window=s.context_window,
+            blocks_total=pool.num_blocks,
+            blocks_free=pool.num_free,
+            blocks_cached=pool.num_cached,
+            blocks_pinned=s.sessions.pinned_blocks() if s.sessions else 0,
+            block_size=pool.block_size,
+            sessions=len(s.sessions.sessions) if s.sessions else 0,
+            prefill_tok_per_s=s.prefill_tok_per_s,
         )
+
+    def answer_session_call(self, call: SessionCall) -> p.Message:
+        return answer(self.model, self.scheduler.sessions, call)

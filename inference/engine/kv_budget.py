@@ -1,6 +1,7 @@
 """How long a context window fits in memory, decided before a model's KV cache is allocated.
 
-The KV cache is preallocated: `slots x window` positions of keys and values for every layer. A window asked for
+The KV pool is preallocated: room for `slots` sequences at the full window, keys and values of every layer (more
+when the operator asks for a larger pool, as memory allows). A window asked for
 (or the model's default) that would not fit next to the weights in the device's free memory is lowered to the
 longest one that does, so a load succeeds with a shorter window rather than failing or swapping; the served
 `context_window` (and every completion's `usage.kv_cap`) is that effective window.

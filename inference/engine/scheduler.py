@@ -8,6 +8,11 @@ has a token to feed. `step()` runs the plan and makes a single sampler call for 
 and a sequence joins or leaves the batch at any step. `pause()` stops admitting at a step boundary; running
 sequences finish first.
 
+A sequence admitted to a slot starts from whatever KV it can reuse: the conversation its session turn continues,
+else the cached blocks its prompt begins with (kv_cache.py, sessions.py); only the rest is prefilled, and
+`cached_tokens` reports what was reused. A finished session turn decodes once more, without sampling, so the KV of
+its last token is kept too (`finalizing`); its FINISHED goes out at once.
+
 The scheduler speaks the worker protocol's output messages (STARTED, TOKENS, FINISHED, ERROR), so the worker only
 has to send what a step returns.
 """
@@ -26,6 +31,7 @@ from inference.engine.contract.reasons import Reason
 from inference.engine.model.runner import ModelRunner
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
+from inference.engine.sessions import SessionTable
 from inference.engine.text.tokenizer import Tokenizer
 
 
@@ -55,6 +61,7 @@ class Scheduler:
         queue_depth: int = 0,
         queue_timeout: float = 30.0,
         prefill_chunk: int = 128,
+        sessions: SessionTable | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         if not 1 <= max_concurrent <= runner.max_concurrent:
@@ -66,9 +73,11 @@ class Scheduler:
         self.queue_timeout = queue_timeout
         self.prefill_chunk = prefill_chunk
         self.clock = clock
+        self.sessions = sessions  # None: session ids are ignored (every turn still reuses cached prefixes)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.paused = False
+        self.prefill_tok_per_s = 0.0  # measured: a moving average over prefill steps
 
     @property
     def context_window(self) -> int:
@@ -80,7 +89,8 @@ class Scheduler:
         return bool(self.running) or (bool(self.waiting) and not self.paused)
 
     def is_full(self) -> bool:
-        """Whether one more sequence would be refused (every slot and queue place taken)."""
+        """Whether one more sequence would be refused (every slot and queue place taken). A finalizing sequence
+        holds its place for the one step it has left."""
         return len(self.running) + len(self.waiting) >= self.max_concurrent + self.queue_depth
 
     def add(self, seq: Sequence) -> None:
@@ -98,14 +108,16 @@ class Scheduler:
         for seq in self.waiting:
             if seq.request_id == request_id:
                 self.waiting.remove(seq)
+                self._release(seq)
                 return seq
         return None
 
     def abort_all(self) -> list[Sequence]:
+        """Aborts every sequence; returns those a client still waits on (not the finalizing ones)."""
         seqs = [*self.running, *self.waiting]
         for seq in seqs:
             self.abort(seq.request_id)
-        return seqs
+        return [s for s in seqs if not s.finalizing]
 
     def pause(self) -> None:
         self.paused = True
@@ -121,18 +133,29 @@ class Scheduler:
         admitted = []
         while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
             seq = self.waiting.popleft()
-            seq.slot = self.runner.allocate_slot()
+            self._attach_kv(seq)
             self.running.append(seq)
             admitted.append(seq)
         prefills, budget = [], self.prefill_chunk
         for seq in self.running:
             if budget == 0:
                 break
-            if not seq.prefill_done:
+            if not seq.prefill_done and not seq.finalizing:
                 chunk = seq.next_chunk(budget)
                 prefills.append((seq, chunk))
                 budget -= len(chunk)
         return StepPlan(admitted, prefills, [s for s in self.running if s.output_ids])
+
+    def _attach_kv(self, seq: Sequence) -> None:
+        """Gives an admitted sequence its slot, holding whatever KV of its prompt is already computed."""
+        if seq.session is not None and self.sessions is not None:
+            turn = self.sessions.begin_turn(seq.session, seq.prompt_ids)
+            seq.slot, seq.conversation, seq.session_conflict = turn.slot, turn.conversation, turn.conflict
+            seq.cached_tokens = turn.cached_tokens
+        else:
+            seq.slot = self.runner.allocate_slot()
+            seq.cached_tokens = self.runner.reuse_prefix(seq.slot, seq.prompt_ids)
+        seq.num_prefilled = seq.cached_tokens
 
     def step(self) -> list[Message]:
         """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
@@ -149,15 +172,23 @@ class Scheduler:
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
         if plan.prefills:
+            started = time.perf_counter()
             last = self._prefill(plan.prefills)  # [P, V]
+            self._measure_prefill(sum(len(chunk) for _, chunk in plan.prefills), time.perf_counter() - started)
             for i, (seq, chunk) in enumerate(plan.prefills):
                 seq.num_prefilled += len(chunk)
                 if seq.prefill_done:
                     rows.append(seq)
                     logits.append(last[i : i + 1])
         if plan.decode:
-            rows += plan.decode
-            logits.append(self.runner.decode([s.slot for s in plan.decode], [s.last_token for s in plan.decode]))
+            decoded = self.runner.decode([s.slot for s in plan.decode], [s.last_token for s in plan.decode])
+            sampled_rows = [i for i, s in enumerate(plan.decode) if not s.finalizing]
+            rows += [plan.decode[i] for i in sampled_rows]
+            logits.append(decoded if len(sampled_rows) == len(plan.decode) else decoded[sampled_rows])
+            for seq in plan.decode:
+                if seq.finalizing:  # its last token's KV is written now: the conversation keeps it
+                    self.running.remove(seq)
+                    self._release(seq)
         if rows:
             sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])  # logits: [B, V]
             out += self.postprocess(rows, sampled)
@@ -175,6 +206,11 @@ class Scheduler:
             return self.runner.prefill_batch([seq.slot for seq, _ in prefills], [chunk for _, chunk in prefills])
         return torch.stack([self.runner.prefill(seq.slot, chunk) for seq, chunk in prefills])
 
+    def _measure_prefill(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            rate = tokens / seconds
+            self.prefill_tok_per_s = rate if not self.prefill_tok_per_s else 0.8 * self.prefill_tok_per_s + 0.2 * rate
+
     def expire_waiting(self) -> list[Message]:
         """Refuses (queue_timeout) the waiting sequences that waited longer than `queue_timeout`; runs even while
         paused, so the worker calls it on its own schedule rather than in `step()`."""
@@ -182,6 +218,7 @@ class Scheduler:
         expired = [s for s in self.waiting if now - s.arrival > self.queue_timeout]
         for seq in expired:
             self.waiting.remove(seq)
+            self._release(seq)
         message = f"no decode slot became free within {self.queue_timeout:g} s"
         return [Error(request_id=s.request_id, reason=Reason.QUEUE_TIMEOUT, message=message) for s in expired]
 
@@ -193,8 +230,11 @@ class Scheduler:
             lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
             out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:
-                self.running.remove(seq)
-                self._release(seq)
+                if seq.conversation is not None and seq.slot is not None:
+                    seq.finalizing = True
+                else:
+                    self.running.remove(seq)
+                    self._release(seq)
                 out.append(self._finished(seq))
         return out
 
@@ -207,12 +247,17 @@ class Scheduler:
             cached_tokens=seq.cached_tokens,
             kv_used=seq.num_tokens,
             kv_cap=self.context_window,
+            session_conflict=seq.session_conflict,
         )
 
     def _release(self, seq: Sequence) -> None:
-        if seq.slot is not None:
+        """Frees a sequence's slot, or hands it to its session's conversation. Ends a session turn exactly once."""
+        if seq.session is not None and self.sessions is not None:
+            self.sessions.end_turn(seq.session, seq.conversation, seq.slot)
+            seq.session = None
+        elif seq.slot is not None:
             self.runner.free_slot(seq.slot)
-            seq.slot = None
+        seq.slot = None
 
     def _token_logprob(self, token_id: int, lp: TokenLogprobs) -> TokenLogprob:
         token_bytes = self.tokenizer.token_bytes

@@ -7,15 +7,22 @@ client never receives part of a stop string, and the stop string itself is never
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from inference.engine.sessions import Conversation, Session
 
 STOP = "stop"
 LENGTH = "length"
 
 
 class Sequence:
-    """A request's tokens and stop conditions. `slot` is its KV-cache slot while it runs, else None.
+    """A request's tokens and stop conditions. `slot` is its KV-cache slot while it runs, else None. A turn of a
+    session carries its `session` and, once running, the `conversation` it continues (sessions.py); after its
+    finish it stays `finalizing` for one step, which writes its last token's KV so the next turn finds it.
 
     `context_window` is the context window: prompt and output together never exceed it, and a generation that reaches
     it ends with finish_reason "length", as one that reaches `max_tokens` does.
@@ -24,6 +31,7 @@ class Sequence:
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
         "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
+        "session_id", "session", "conversation", "session_conflict", "finalizing",
     )  # fmt: skip
 
     def __init__(
@@ -38,6 +46,7 @@ class Sequence:
         max_tokens: int,
         context_window: int,
         arrival: float = 0.0,
+        session_id: str | None = None,
     ):
         if not prompt_ids:
             raise ValueError("a sequence needs at least one prompt token")
@@ -56,6 +65,11 @@ class Sequence:
         self.finish_reason: str | None = None
         self.arrival = arrival
         self._held = ""  # released text that might be the start of a stop string
+        self.session_id = session_id  # the session the request names; `session` once admitted under it
+        self.session: Session | None = None
+        self.conversation: Conversation | None = None
+        self.session_conflict = False
+        self.finalizing = False
 
     @property
     def num_tokens(self) -> int:

@@ -101,7 +101,7 @@ class Worker:
                 for message in outputs:
                     self.forget_finished(message)
                 self.send(p.StepOutputs(outputs))
-            # 4) housekeeping: prepared prompts, finished loads, drains, pauses, queue timeouts, heartbeats
+            # 4) housekeeping: prepared prompts, finished loads, drains, pauses, queue timeouts, idle sessions, heartbeats
             self.housekeeping()
         self.shut_down()
 
@@ -160,6 +160,13 @@ class Worker:
                     for hosted in hosts:
                         hosted.scheduler.resume()
                     self.send(p.Resumed(request_id=request_id))
+            case p.SessionExport() | p.SessionRestore() | p.SessionRelease() | p.SessionWatch() | p.SessionList():
+                hosted = self.models.get(message.model)
+                if hosted is None:
+                    problem = f"model {message.model!r} is not loaded on this worker"
+                    self.send(p.Error(request_id=message.request_id, reason=Reason.MODEL_NOT_LOADED, message=problem))
+                else:
+                    self.send(hosted.answer_session_call(message))
             case p.Shutdown():
                 self.stop()
             case _:
@@ -324,6 +331,8 @@ class Worker:
             for error in hosted.scheduler.expire_waiting():
                 self.forget_finished(error)
                 self.send(error)
+            if hosted.scheduler.sessions is not None:
+                hosted.scheduler.sessions.expire()
         self.finish_unloads()
         self.finish_pauses()
         now = time.monotonic()

@@ -1,5 +1,6 @@
-"""How `manage.py load_model` and `unload_model` talk to a running server: found through the run file, called on
-its operator routes with the run's local admin credential (inference/run_file.py).
+"""How `manage.py load_model`, `unload_model`, `sessions` and `release_session` talk to a running server: found
+through the run file, called on its operator routes (and POST /session/release) with the run's local admin
+credential (inference/run_file.py).
 
 Plain urllib: the commands need no HTTP client library, and a call is one small JSON request on localhost.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -38,12 +40,16 @@ def running_server() -> RunInfo | None:
         return None
 
 
-def call_admin(server: RunInfo, path: str, body: dict[str, Any], *, actor: str, timeout: float) -> dict[str, Any]:
-    """POSTs `body` to an operator route; returns the JSON answer, or raises ServerRefused with the server's error."""
+def call_admin(
+    server: RunInfo, path: str, body: dict[str, Any] | None, *, actor: str, timeout: float, query: dict | None = None
+) -> dict[str, Any]:
+    """POSTs `body` to a route with the run's local credential (a GET when `body` is None, with `query`); returns
+    the JSON answer, or raises ServerRefused with the server's error."""
+    url = server.url + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
     request = urllib.request.Request(
-        server.url + path,
-        data=json.dumps(body).encode(),
-        method="POST",
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        method="GET" if body is None else "POST",
         headers={
             "Content-Type": "application/json",
             "Authorization": f"Bearer {server.admin_secret}",

@@ -1,4 +1,5 @@
-"""The control plane's client for the workers: submit generations and stream them back, load, unload, status.
+"""The control plane's client for the workers: submit generations and stream them back, load, unload, status, and
+the session calls (export, restore, release, watch, list).
 
 One asyncio ROUTER socket talks to every worker (each worker's DEALER connects with its own identity), and every
 request is multiplexed by its request id. The hot path per generation is one SUBMIT out and one asyncio queue fed
@@ -37,6 +38,9 @@ from inference.engine.contract.reasons import Reason
 from inference.runtime.generation import EngineError, Generation, WorkerDied
 
 logger = logging.getLogger("pantheon.engine_client")
+
+# A session call waits this long for its worker by default (a blob of a long conversation is tens of MB to copy).
+SESSION_CALL_TIMEOUT_S = 60.0
 
 
 @dataclass(slots=True)
@@ -95,6 +99,20 @@ class EngineClient(Protocol):
     async def pause(self, model: str, timeout: float | None = None) -> None: ...
 
     async def resume(self, model: str) -> None: ...
+
+    async def export_session(self, model: str, session_id: str, *, timeout: float = ...) -> p.SessionBlob: ...
+
+    async def restore_session(
+        self, model: str, session_id: str, blob: bytes, tokens: list[int], *, timeout: float = ...
+    ) -> p.SessionRestored: ...
+
+    async def release_session(self, model: str, session_id: str, *, timeout: float = ...) -> p.SessionReleased: ...
+
+    async def watch_session(
+        self, model: str, session_id: str, watching: bool, *, timeout: float = ...
+    ) -> p.SessionWatched: ...
+
+    async def sessions(self, model: str, *, timeout: float = ...) -> p.Sessions: ...
 
 
 class ZmqEngineClient:
@@ -324,6 +342,43 @@ class ZmqEngineClient:
     async def resume(self, model: str) -> None:
         await self._call(self._device_of(model), p.Resume(request_id=_new_id(), model=model), 10.0)
 
+    # -- sessions -------------------------------------------------------------------------------------------------
+    # Each is one call to the worker holding `model`, answered by its reply or raised as EngineError: the session
+    # reasons (sessions_disabled, session_not_found, session_busy, bad_session_blob, weights_version_mismatch,
+    # session_capacity), model_not_loaded for a model that is not ready, model_reloading while its worker restarts.
+
+    async def export_session(
+        self, model: str, session_id: str, *, timeout: float = SESSION_CALL_TIMEOUT_S
+    ) -> p.SessionBlob:
+        """The session's most recently used conversation as a blob, with the tokens it covers."""
+        call = p.SessionExport(request_id=_new_id(), model=model, session_id=session_id)
+        return await self._session_call(model, call, timeout)
+
+    async def restore_session(
+        self, model: str, session_id: str, blob: bytes, tokens: list[int], *, timeout: float = SESSION_CALL_TIMEOUT_S
+    ) -> p.SessionRestored:
+        """Installs an exported conversation under `session_id`; a refused restore changes nothing."""
+        call = p.SessionRestore(request_id=_new_id(), model=model, session_id=session_id, blob=blob, tokens=tokens)
+        return await self._session_call(model, call, timeout)
+
+    async def release_session(
+        self, model: str, session_id: str, *, timeout: float = SESSION_CALL_TIMEOUT_S
+    ) -> p.SessionReleased:
+        """Frees every conversation of the session (idempotent: `released` says whether it held anything)."""
+        call = p.SessionRelease(request_id=_new_id(), model=model, session_id=session_id)
+        return await self._session_call(model, call, timeout)
+
+    async def watch_session(
+        self, model: str, session_id: str, watching: bool, *, timeout: float = SESSION_CALL_TIMEOUT_S
+    ) -> p.SessionWatched:
+        """A watch on the session opened (`watching`) or closed; every open must be matched by one close."""
+        call = p.SessionWatch(request_id=_new_id(), model=model, session_id=session_id, watching=watching)
+        return await self._session_call(model, call, timeout)
+
+    async def sessions(self, model: str, *, timeout: float = SESSION_CALL_TIMEOUT_S) -> p.Sessions:
+        """The model's sessions, as its worker holds them now."""
+        return await self._session_call(model, p.SessionList(request_id=_new_id(), model=model), timeout)
+
     # -- transport ------------------------------------------------------------------------------------------------
 
     def _default_device(self) -> str:
@@ -331,6 +386,19 @@ class ZmqEngineClient:
         if gpus:
             return min(gpus, key=lambda d: sum(pl.device == d for pl in self._models.values()))
         return "cpu"
+
+    async def _session_call(self, model: str, call: p.Message, timeout: float) -> p.Message:
+        """One session call to the worker holding a ready `model` (model_reloading while its worker is restarted:
+        its sessions died with it); a worker that does not answer in time is an internal error."""
+        placement = self._models.get(model)
+        if placement is not None and placement.state == "reloading":
+            message = f"the worker holding {model!r} crashed; the model is being reloaded"
+            raise WorkerDied(message, Reason.MODEL_RELOADING)
+        try:
+            return await self._call(self._device_of(model), call, timeout)
+        except TimeoutError:
+            message = f"{type(call).__name__} on {model!r} got no answer within {timeout:g} s"
+            raise EngineError(message, Reason.INTERNAL) from None
 
     def _device_of(self, model: str) -> str:
         placement = self._models.get(model)

@@ -78,15 +78,8 @@ async def _load(
     device = _resolve_device(router, request)
     await _admit(router, device, info)
     options = request.options
-    max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
+    limits = serving_limits(options)
     try:
-        limits = ServingLimits(
-            max_concurrent=max_concurrent,
-            queue_depth=settings.PANTHEON_QUEUE_DEPTH,
-            queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
-            prefill_chunk=settings.PANTHEON_PREFILL_CHUNK,
-            min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
-        )
         loaded = await client.load(
             name, info.path, options=options, limits=limits, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S
         )
@@ -96,7 +89,7 @@ async def _load(
         raise LoadFailed(f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s",
                          reason="load_timeout") from None  # fmt: skip
     try:
-        instance_id = await sync_to_async(_record_load)(name, info, request, loaded, max_concurrent, operator)
+        instance_id = await sync_to_async(_record_load)(name, info, request, loaded, limits, operator)
     except Exception as exc:
         logger.exception("recording the load of %s failed; unloading it again", name)
         await client.unload(name, drain_timeout=0)
@@ -108,6 +101,25 @@ async def _load(
         await sync_to_async(_set_instance_state)(instance_id, InstanceState.FAILED, last_error=message)
         raise LoadFailed(f"{name!r} is no longer served: {message}", reason="reload_failed")
     return admin_model_row(placement)
+
+
+def serving_limits(options: LoadOptions) -> ServingLimits:
+    """What the worker serves a load within, from the operator's options and the settings: `max_concurrent` is the
+    load's own, else its max_sessions, else PANTHEON_BATCH_SLOTS; `max_sessions` is the load's own, else
+    max_concurrent, and 0 (no sessions) when PANTHEON_SESSIONS is off."""
+    max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
+    return ServingLimits(
+        max_concurrent=max_concurrent,
+        queue_depth=settings.PANTHEON_QUEUE_DEPTH,
+        queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
+        prefill_chunk=settings.PANTHEON_PREFILL_CHUNK,
+        min_free_memory=settings.PANTHEON_MIN_FREE_MEMORY_BYTES,
+        block_size=settings.PANTHEON_KV_BLOCK_SIZE,
+        kv_pool_tokens=settings.PANTHEON_KV_POOL_TOKENS,
+        max_sessions=(options.max_sessions or max_concurrent) if settings.PANTHEON_SESSIONS else 0,
+        session_idle_ttl=settings.PANTHEON_SESSION_IDLE_TTL_S,
+        watch_grace=settings.PANTHEON_SESSION_WATCH_GRACE_S,
+    )
 
 
 def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
@@ -155,7 +167,7 @@ def _as_load_failure(exc: EngineError) -> LoadFailed:
 
 
 def _record_load(
-    name: str, info: Checkpoint, request: LoadRequest, loaded: p.Loaded, max_concurrent: int, operator: bool
+    name: str, info: Checkpoint, request: LoadRequest, loaded: p.Loaded, limits: ServingLimits, operator: bool
 ) -> int:
     options = request.options
     with transaction.atomic():
@@ -173,9 +185,9 @@ def _record_load(
             state=InstanceState.READY,
             load_options=options,
             memory_bytes=loaded.weight_bytes + loaded.kv_bytes,
-            max_sessions=options.max_sessions or loaded.max_concurrent,
+            max_sessions=limits.max_sessions,
             max_concurrent=loaded.max_concurrent,
-            max_concurrent_configured=max_concurrent,
+            max_concurrent_configured=limits.max_concurrent,
             context_window=loaded.context_window,
             context_window_configured=loaded.context_window_configured or options.ctx_cap or loaded.context_window,
             loaded_at=timezone.now(),

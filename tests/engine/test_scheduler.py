@@ -85,7 +85,7 @@ def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
     done = finished(messages, "a")
     assert (done.prompt_tokens, done.completion_tokens) == (len(prompt), len(expected))
     assert done.finish_reason == ("stop" if expected[-1] in model.eos_token_ids else "length")
-    assert scheduler.runner.cache._lengths == [None] * 4  # every slot free again
+    assert scheduler.runner.cache.num_slots == 0  # every slot free again
 
 
 def test_batched_sequences_each_equal_their_own_greedy_decoding(model):
@@ -114,7 +114,7 @@ def test_abort_frees_the_slot_at_once_and_the_next_request_runs(model):
     assert model.runner.slot_length(slot) > len(prompt)
     assert scheduler.abort("long").request_id == "long"
     assert not scheduler.running and not scheduler.has_work
-    assert model.runner.cache._lengths[slot] is None  # the KV slot is free now, not at the next step
+    assert model.runner.cache.num_slots == 0  # the KV slot is free now, not at the next step
     assert scheduler.abort("long") is None  # idempotent
     scheduler.add(sequence(model, "next", prompt, max_tokens=10))
     assert tokens_of(run(scheduler), "next") == greedy_reference(model, prompt, 10)

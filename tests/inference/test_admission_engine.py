@@ -109,10 +109,12 @@ def test_the_window_is_the_longest_whose_kv_cache_fits(stories_hf_dir):
     per_token = kv_bytes_per_token(config, 4)
     assert per_token == 2 * 5 * 4 * 8 * 4  # keys and values x layers x kv heads x head_dim x float32
     assert configured_window(config, 0) == 512 and configured_window(config, 100) == 100
-    # The KV cache load_model really allocates for 4 slots x 512 positions is per_token x 4 x 512 bytes.
+    # The KV pool load_model really allocates for 4 sequences x 512 positions is per_token x 4 x 512 bytes, plus
+    # one scratch block (where a batched prefill's padding goes).
     model = load_model(stories_hf_dir, max_concurrent=4, context_window=512)
     cache = model.runner.cache
-    assert sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values]) == per_token * 4 * 512
+    positions = 4 * 512 + cache.block_size
+    assert sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values]) == per_token * positions
     assert weight_bytes_estimate(config, 4) >= model.weight_bytes
     assert effective_window(512, per_token, 4, per_token * 4 * 512) == 512
     assert effective_window(512, per_token, 4, per_token * 4 * 300 + per_token) == 300

@@ -9,7 +9,8 @@ with ERROR bad_request instead of letting the value reach a batched step.
 Requests and their replies are matched by `request_id`, which the control plane chooses: a generation's id for
 SUBMIT/ABORT and the stream that answers it, a call id for LOAD, UNLOAD, STATUS, PAUSE and RESUME. One socket
 therefore multiplexes any number of generations and calls. What one worker step produces for its generations
-travels as one STEP_OUTPUTS message; everything else, including a refusal at submission, travels alone.
+travels as one STEP_OUTPUTS message; everything else, including a refusal at submission, travels alone. The
+session calls (SESSION_EXPORT, _RESTORE, _RELEASE, _WATCH, _LIST) are calls too, each answered by its reply or ERROR.
 
 A worker never names an HTTP status or error type: an ERROR carries a `Reason` (contract/reasons.py) and the data
 that goes with it, and the control plane alone decides what the client sees.
@@ -59,6 +60,7 @@ class Submit(Message, tag="S"):
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt_token_ids is None):
@@ -115,6 +117,53 @@ class Resume(Message, tag="R"):
 
     request_id: str
     model: str | None = None
+
+
+class SessionExport(Message, tag="E"):
+    """Serialize a session's most recently used conversation. Answered by SESSION_BLOB, or ERROR
+    sessions_disabled, session_not_found or session_busy."""
+
+    request_id: str
+    model: str
+    session_id: str
+
+
+class SessionRestore(Message, tag="I"):
+    """Install an exported conversation under `session_id`: `blob` as SESSION_BLOB carried it, `tokens` the history
+    it covers. Answered by SESSION_RESTORED, or ERROR sessions_disabled, bad_session_blob,
+    weights_version_mismatch or session_capacity; a refused restore changes nothing."""
+
+    request_id: str
+    model: str
+    session_id: str
+    blob: bytes
+    tokens: list[int]
+
+
+class SessionRelease(Message, tag="D"):
+    """Free every conversation of a session now. Idempotent; answered by SESSION_RELEASED."""
+
+    request_id: str
+    model: str
+    session_id: str
+
+
+class SessionWatch(Message, tag="W"):
+    """A watch on a session opened (`watching` true) or closed. While one is open the session is never released
+    for idleness; after the last closes it is released `watch_grace` seconds later unless a new watch opens.
+    Answered by SESSION_WATCHED, or ERROR sessions_disabled."""
+
+    request_id: str
+    model: str
+    session_id: str
+    watching: bool
+
+
+class SessionList(Message, tag="G"):
+    """Ask for a model's sessions. Answered by SESSIONS."""
+
+    request_id: str
+    model: str
 
 
 class Shutdown(Message, tag="X"):
@@ -174,7 +223,10 @@ class Tokens(Message, tag="t"):
 
 
 class Finished(Message, tag="f"):
-    """The last message of a generation that ended normally; `finish_reason` is "stop" or "length"."""
+    """The last message of a generation that ended normally; `finish_reason` is "stop" or "length". `cached_tokens`
+    prompt tokens were reused from the prefix cache; `kv_used` is the KV the sequence (for a session turn: its
+    conversation) holds after the turn; `session_conflict` says that conversations of its session id competed, so
+    this turn could not resume the one it continues."""
 
     request_id: str
     finish_reason: str
@@ -183,6 +235,7 @@ class Finished(Message, tag="f"):
     cached_tokens: int
     kv_used: int
     kv_cap: int
+    session_conflict: bool = False
 
 
 class Error(Message, tag="e"):
@@ -213,6 +266,7 @@ class Loaded(Message, tag="l"):
     context_window_configured: int
     max_concurrent: int
     load_seconds: float
+    weights_version: int  # changes whenever the served weights change; session blobs carry it
 
 
 class Unloaded(Message, tag="u"):
@@ -233,6 +287,13 @@ class ModelStatus(msgspec.Struct, array_like=True, kw_only=True):
     waiting: int
     max_concurrent: int
     context_window: int
+    blocks_total: int  # the KV pool, in blocks of `block_size` positions
+    blocks_free: int  # held by no sequence or session (cached ones included: they are reclaimed on demand)
+    blocks_cached: int  # free blocks that still hold a reusable prefix
+    blocks_pinned: int  # held by sessions between turns
+    block_size: int
+    sessions: int  # session ids holding KV
+    prefill_tok_per_s: float  # measured prefill rate (0 before the first prefill)
 
 
 class Status(Message, tag="i"):
@@ -242,6 +303,49 @@ class Status(Message, tag="i"):
     memory_total: int  # bytes of the device (host RAM for cpu)
     memory_used: int
     models: list[ModelStatus]
+
+
+class SessionBlob(Message, tag="x"):
+    """An exported conversation: `blob` (the format of session_blob.py) and the `tokens` its KV covers."""
+
+    request_id: str
+    session_id: str
+    weights_version: int
+    tokens: list[int]
+    blob: bytes
+
+
+class SessionRestored(Message, tag="o"):
+    request_id: str
+    session_id: str
+    n_tok: int
+
+
+class SessionReleased(Message, tag="d"):
+    request_id: str
+    session_id: str
+    released: bool  # whether the session held anything
+
+
+class SessionWatched(Message, tag="w"):
+    request_id: str
+    session_id: str
+    watchers: int  # watches open on the session now
+
+
+class SessionInfo(msgspec.Struct, array_like=True, kw_only=True):
+    session_id: str
+    conversations: int
+    tokens: int  # KV positions its conversations hold
+    idle_seconds: float  # since its last turn, restore or watch change
+    watched: bool
+    busy: bool  # a turn is in flight
+
+
+class Sessions(Message, tag="z"):
+    request_id: str
+    model: str
+    sessions: list[SessionInfo]
 
 
 class Paused(Message, tag="p"):
@@ -263,7 +367,21 @@ class StepOutputs(Message, tag="b"):
     messages: list[StepOutput]
 
 
-ToWorker = Submit | Abort | Load | Unload | StatusQuery | Pause | Resume | Shutdown
+ToWorker = (
+    Submit
+    | Abort
+    | Load
+    | Unload
+    | StatusQuery
+    | Pause
+    | Resume
+    | SessionExport
+    | SessionRestore
+    | SessionRelease
+    | SessionWatch
+    | SessionList
+    | Shutdown
+)
 FromWorker = (
     Ready
     | Heartbeat
@@ -276,6 +394,11 @@ FromWorker = (
     | Status
     | Paused
     | Resumed
+    | SessionBlob
+    | SessionRestored
+    | SessionReleased
+    | SessionWatched
+    | Sessions
     | StepOutputs
 )
 

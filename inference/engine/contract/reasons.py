@@ -23,6 +23,13 @@ class Reason(enum.StrEnum):
     SHUTTING_DOWN = "shutting_down"  # the worker is stopping
     GENERATION_FAILED = "generation_failed"  # the engine step failed (out of memory, a bug)
     INTERNAL = "internal"  # handling a message failed (a bug): that one request or call fails
+    SESSION_CAPACITY = "session_capacity"  # a new session id while max_sessions ids hold KV
+    # sessions (export, restore)
+    SESSIONS_DISABLED = "sessions_disabled"  # the model keeps no sessions (max_sessions 0)
+    SESSION_NOT_FOUND = "session_not_found"  # no live session with that id
+    SESSION_BUSY = "session_busy"  # a turn of that session is in flight
+    BAD_SESSION_BLOB = "bad_session_blob"  # not a blob, corrupt, another architecture or shape, or too long
+    WEIGHTS_VERSION_MISMATCH = "weights_version_mismatch"  # a blob captured under other weights
     # LOAD
     ALREADY_LOADED = "already_loaded"
     CHECKPOINT_NOT_FOUND = "checkpoint_not_found"

@@ -6,6 +6,7 @@ A directory is a Hugging Face checkpoint; a `.gguf` file is a GGUF checkpoint. B
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.runner import ModelRunner
+from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.model.transformer import Transformer
 from inference.engine.text.tokenizer import Tokenizer
 
@@ -37,6 +38,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
+    weights_version: int  # identifies these weights as loaded (see weights_version)
 
 
 def load_model(
@@ -47,9 +49,12 @@ def load_model(
     quantize: bool = False,
     max_concurrent: int = 8,
     context_window: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    pool_tokens: int = 0,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
-    model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit."""
+    model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
+    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner)."""
     path = Path(path)
     device = torch.device(device)
     dtype = _resolve_dtype(dtype, device)
@@ -78,12 +83,34 @@ def load_model(
         format=fmt,
         config=config,
         tokenizer=tokenizer,
-        runner=ModelRunner(model, max_concurrent=max_concurrent, context_window=context),
+        runner=ModelRunner(
+            model,
+            max_concurrent=max_concurrent,
+            context_window=context,
+            block_size=block_size,
+            pool_tokens=pool_tokens,
+        ),
         eos_token_ids=list(dict.fromkeys(eos)),
         dtype=dtype,
         device=device,
         weight_bytes=weight_bytes(model),
+        weights_version=weights_version(path, dtype, quantize),
     )
+
+
+def weights_version(path: Path, dtype: torch.dtype, quantize: bool) -> int:
+    """A signed 64-bit number that changes whenever the weights a load serves change: it digests each checkpoint
+    file's name, size and modification time, and the dtype and quantization the load applied. The same files
+    loaded the same way get the same number after a restart, so an exported session can be restored; rewritten
+    files, other files or other numerics get another. (Hashing the files' bytes would take seconds per gigabyte.)"""
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    digest = hashlib.blake2b(digest_size=8)
+    for file in files:
+        if file.is_file():
+            stat = file.stat()
+            digest.update(f"{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    digest.update(f"{dtype}\0{quantize}".encode())
+    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 def checkpoint_format(path: Path) -> str:

@@ -1,19 +1,29 @@
-"""Preallocated KV storage: one fixed block of keys and values per layer, carved into slots.
+"""Paged KV storage: one pool of fixed-size blocks per layer, and a block table per sequence.
 
-A slot holds one sequence's keys and values, positions `[0, length)`. Whoever allocates a slot owns it until it
-frees it: a slot belongs to a sequence, not to a request, so a chat session can keep its KV between requests, a
-shared prefix can be kept by truncating instead of recomputing, and a slot's KV is one fixed region per layer
-(`keys[layer][slot, :, :length]`) that can be copied out to bytes and back in. The bookkeeping (free list, lengths)
-lives on the host as plain ints, so scheduling never waits on the device.
+A slot is a handle to one sequence's KV: the blocks that hold its positions `[0, length)`, in order, and the token ids
+they were computed from. Memory is spent on the tokens held, not on a full window per sequence, and sequences that
+begin with the same tokens share those blocks (block_pool.py): a new slot starts from the longest run of cached full
+blocks its prompt begins with (`reuse_prefix`), so only the rest is prefilled. A slot belongs to whoever allocated
+it until it is freed, so a session keeps its conversation's slot between turns and a turn continues it.
+
+Each layer's keys (and values) are one tensor `[num_kv_heads, num_blocks + 1, block_size, head_dim]`. The extra last
+block is scratch: positions a step computes but no sequence keeps (the padding of a batched prefill) are written
+there. A step reads a sequence's keys by gathering its blocks in table order (on any device: torch has no paged
+attention kernel for CPU); a lone sequence whose blocks are consecutive, as a fresh pool hands them out, is read as
+a view without a copy.
+
+Only full blocks are shared. Before a slot writes into a partial last block that others hold or that is named as
+a cached prefix (after `truncate`), the block is copied (copy on write).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from inference.engine.errors import ContextOverflow, KVCacheFull
+from inference.engine.errors import ContextOverflow
+from inference.engine.model.block_pool import BlockPool, chain_keys
 
 
 @dataclass(slots=True)
@@ -21,98 +31,216 @@ class CacheView:
     """Where one forward step writes its new keys and values and what it attends over."""
 
     positions: torch.Tensor  # [B, S] long: absolute position of each new token (also its RoPE index)
-    write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's cache
-    rows: slice | torch.Tensor  # the slots as a slice when they are consecutive (read as a view), else an index
-    length: int  # keys attended over: positions [0, length) of each row's slot
+    write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's pool
+    blocks: slice | torch.Tensor  # the blocks read, [B * nb] in row order (scratch-padded), or a slice for one row
+    num_rows: int
+    length: int  # keys attended over: positions [0, length) of each row
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
 
 
+@dataclass(slots=True)
+class BlockTable:
+    """One slot's KV: `blocks[i]` holds positions `[i * block_size, (i + 1) * block_size)`; `token_ids` are the
+    tokens whose KV is stored (its length); `hashes[i]` is the chain hash of full block i, for each block named so
+    far (the next full block's key starts from the last of them)."""
+
+    blocks: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
+
+
 class KVCache:
-    """Keys and values of every layer, allocated once: `[max_concurrent, num_kv_heads, context_window, head_dim]`
-    each (one slot per sequence that may run)."""
+    """Keys and values of every layer in a pool of `num_blocks` blocks of `block_size` positions; any sequence may
+    hold up to `context_window` positions."""
 
     def __init__(
         self,
         *,
         num_layers: int,
-        max_concurrent: int,
+        num_blocks: int,
+        block_size: int,
         num_kv_heads: int,
         context_window: int,
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
     ):
-        self.max_concurrent = max_concurrent
         self.context_window = context_window
+        self.block_size = block_size
         self.device = torch.device(device)
-        shape = (max_concurrent, num_kv_heads, context_window, head_dim)
+        self.pool = BlockPool(num_blocks, block_size)
+        self.scratch = num_blocks  # the block past the pool, see the module docstring
+        shape = (num_kv_heads, num_blocks + 1, block_size, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._lengths: list[int | None] = [None] * max_concurrent  # None = free
+        self._tables: dict[int, BlockTable] = {}
+        self._next_slot = 0
         self._positions = torch.arange(context_window, device=device)
         self._kv_heads = torch.arange(num_kv_heads, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        """Slots allocated and not freed (running sequences and kept sessions)."""
+        return len(self._tables)
 
     # -- slot bookkeeping -------------------------------------------------------------------------------------
 
     def allocate(self) -> int:
-        """The lowest free slot (so a full batch tends to be consecutive slots, which read without a copy)."""
-        for slot, length in enumerate(self._lengths):
-            if length is None:
-                self._lengths[slot] = 0
-                return slot
-        raise KVCacheFull(self.max_concurrent)
+        """A new, empty slot (it holds no block until tokens are written to it)."""
+        slot, self._next_slot = self._next_slot, self._next_slot + 1
+        self._tables[slot] = BlockTable()
+        return slot
 
     def free(self, slot: int) -> None:
-        """Releases a slot; freeing a free slot is a no-op."""
-        self._check_range(slot)
-        self._lengths[slot] = None
+        """Lets go of the slot's blocks (full ones stay cached for reuse); freeing a free slot is a no-op."""
+        table = self._tables.pop(slot, None)
+        if table is not None:
+            for block in table.blocks:
+                self.pool.release(block)
 
     def length(self, slot: int) -> int:
         """Tokens held in that slot's KV."""
-        length = self._lengths[self._check_range(slot)]
-        if length is None:
-            raise ValueError(f"KV-cache slot {slot} is not allocated")
-        return length
+        return len(self._table(slot).token_ids)
+
+    def token_ids(self, slot: int) -> list[int]:
+        """The tokens whose KV the slot holds (a copy)."""
+        return list(self._table(slot).token_ids)
+
+    def blocks(self, slot: int) -> list[int]:
+        """The blocks the slot holds, in position order (a copy)."""
+        return list(self._table(slot).blocks)
 
     def truncate(self, slot: int, length: int) -> None:
-        """Forgets positions `[length, ...)`; the rows stay in memory and are overwritten by the next tokens."""
-        if not 0 <= length <= self.length(slot):
-            raise ValueError(f"cannot truncate slot {slot} of length {self.length(slot)} to {length}")
-        self._lengths[slot] = length
+        """Forgets positions `[length, ...)`: blocks past them are let go, and a partial last block that is shared or
+        named is replaced by a private copy, so the next tokens written cannot change anyone else's KV."""
+        table = self._table(slot)
+        if not 0 <= length <= len(table.token_ids):
+            raise ValueError(f"cannot truncate slot {slot} of length {len(table.token_ids)} to {length}")
+        keep = -(-length // self.block_size)
+        for block in table.blocks[keep:]:
+            self.pool.release(block)
+        del table.blocks[keep:]
+        del table.token_ids[length:]
+        del table.hashes[length // self.block_size :]
+        if length % self.block_size:
+            last = table.blocks[-1]
+            if self.pool.refs[last] > 1 or self.pool.is_named(last):
+                copy = self.pool.allocate()
+                for layer in (*self.keys, *self.values):
+                    layer[:, copy] = layer[:, last]
+                self.pool.release(last)
+                table.blocks[-1] = copy
 
-    def advance(self, slots: list[int], count: int) -> None:
-        """Records that `count` tokens were written after each slot's current length."""
-        for slot in slots:
-            self._lengths[slot] += count
+    def reuse_prefix(self, slot: int, token_ids: list[int]) -> int:
+        """Starts an empty slot from the cached full blocks `token_ids` begins with, leaving at least its last token
+        to be computed (a step needs one to produce logits). Returns the number of tokens reused."""
+        table = self._table(slot)
+        if table.token_ids:
+            raise ValueError(f"slot {slot} is not empty")
+        usable = token_ids[: (len(token_ids) - 1) // self.block_size * self.block_size]
+        for key in chain_keys(usable, self.block_size):
+            block = self.pool.find(key)
+            if block is None:
+                break
+            self.pool.hold(block)
+            table.blocks.append(block)
+            table.token_ids += key[1]
+            table.hashes.append(hash(key))
+        return len(table.token_ids)
 
-    def _check_range(self, slot: int) -> int:
-        if not 0 <= slot < self.max_concurrent:
-            raise ValueError(f"KV-cache slot {slot} does not exist (max_concurrent={self.max_concurrent})")
-        return slot
+    def advance(self, slot: int, token_ids: list[int]) -> None:
+        """Records that `token_ids` were written after the slot's current length; names the blocks they filled."""
+        table = self._table(slot)
+        table.token_ids += token_ids
+        named, full = len(table.hashes), len(table.token_ids) // self.block_size
+        if full > named:
+            parent = table.hashes[-1] if table.hashes else 0
+            filled = table.token_ids[named * self.block_size : full * self.block_size]
+            for block, key in zip(table.blocks[named:full], chain_keys(filled, self.block_size, parent), strict=True):
+                self.pool.name(block, key)
+                table.hashes.append(hash(key))
+
+    def _table(self, slot: int) -> BlockTable:
+        table = self._tables.get(slot)
+        if table is None:
+            raise ValueError(f"KV-cache slot {slot} is not allocated")
+        return table
+
+    def _reserve(self, table: BlockTable, length: int) -> None:
+        """Allocates the blocks positions `[0, length)` need (KVCacheFull when the pool has no more)."""
+        while len(table.blocks) * self.block_size < length:
+            table.blocks.append(self.pool.allocate())
+
+    # -- copying a slot's KV out and in (session export and restore) -------------------------------------------
+
+    def read(self, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The slot's keys and values per layer, `[num_kv_heads, length, head_dim]` each, copied to the CPU."""
+        table = self._table(slot)
+        length = len(table.token_ids)
+        blocks = torch.tensor(table.blocks, device=self.device)
+
+        def gather(layer: torch.Tensor) -> torch.Tensor:
+            rows = layer[:, blocks].flatten(1, 2)[:, :length]
+            return rows.to("cpu", copy=True).contiguous()
+
+        return [gather(k) for k in self.keys], [gather(v) for v in self.values]
+
+    def write(self, slot: int, token_ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Fills an empty slot with given KV (per layer `[num_kv_heads, len(token_ids), head_dim]`)."""
+        table = self._table(slot)
+        if table.token_ids:
+            raise ValueError(f"slot {slot} is not empty")
+        length = len(token_ids)
+        if length > self.context_window:
+            raise ContextOverflow(slot, length, self.context_window)
+        self._reserve(table, length)
+        blocks = torch.tensor(table.blocks, device=self.device)
+        padded = len(table.blocks) * self.block_size
+        for pool, given in zip((*self.keys, *self.values), (*keys, *values), strict=True):
+            staged = torch.zeros(given.shape[0], padded, given.shape[2], dtype=pool.dtype)
+            staged[:, :length] = given
+            pool[:, blocks] = staged.view(given.shape[0], -1, self.block_size, given.shape[2]).to(self.device)
+        self.advance(slot, list(token_ids))
 
     # -- one forward step --------------------------------------------------------------------------------------
 
-    def view(self, slots: list[int], count: int) -> CacheView:
-        """The view for appending `count` tokens to each of `slots` (every slot allocated, no duplicates)."""
-        starts = [self.length(slot) for slot in slots]
-        longest = max(starts) + count
+    def view(self, slots: list[int], counts: list[int], width: int) -> CacheView:
+        """The view for appending `counts[i]` tokens to `slots[i]`, as rows of `width` positions (a row's positions
+        past its count are padding, written to scratch). Allocates the blocks the new tokens need."""
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one step: {slots}")
+        tables = [self._table(slot) for slot in slots]
+        starts = [len(t.token_ids) for t in tables]
+        longest = max(starts) + width
         if longest > self.context_window:
             slot = slots[starts.index(max(starts))]
             raise ContextOverflow(slot, longest, self.context_window)
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a slot appears twice in one step: {slots}")
-        consecutive = slots == list(range(slots[0], slots[0] + len(slots)))
-        slot_index = torch.tensor(slots, device=self.device)
+        for table, start, count in zip(tables, starts, counts, strict=True):
+            self._reserve(table, start + count)
+        bs = self.block_size
+        # host-side: the block of every written position (scratch for padding), and the blocks each row reads
+        write_blocks = [
+            [table.blocks[p // bs] if p < start + count else self.scratch for p in range(start, start + width)]
+            for table, start, count in zip(tables, starts, counts, strict=True)
+        ]
+        nb = -(-longest // bs)
         start_index = torch.tensor(starts, device=self.device)
-        positions = start_index[:, None] + self._positions[:count]  # [B, S]
+        positions = start_index[:, None] + self._positions[:width]  # [B, S]
         mask = None
-        if count > 1 or min(starts) != max(starts):
+        if width > 1 or min(starts) != max(starts):
             mask = (self._positions[:longest] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
-        rows = slice(slots[0], slots[0] + len(slots)) if consecutive else slot_index
-        # row index into a layer's cache seen as [max_concurrent * Hkv * context_window, hd], in [B, S, Hkv] order
-        heads = slot_index[:, None, None] * len(self._kv_heads) + self._kv_heads  # [B, 1, Hkv]
-        write_rows = (heads * self.context_window + positions[:, :, None]).flatten()
-        return CacheView(positions=positions, write_rows=write_rows, rows=rows, length=longest, mask=mask)
+        first = tables[0].blocks[0]
+        if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
+            blocks: slice | torch.Tensor = slice(first, first + nb)
+        else:
+            padded = [t.blocks[:nb] + [self.scratch] * (nb - len(t.blocks[:nb])) for t in tables]
+            blocks = torch.tensor(padded, device=self.device).flatten()
+        # row index into a layer's pool seen as [Hkv * (num_blocks + 1) * bs, hd], in [B, S, Hkv] order
+        block_index = torch.tensor(write_blocks, device=self.device)  # [B, S]
+        per_head = self.keys[0].shape[1] * bs
+        write_rows = (self._kv_heads * per_head + (block_index * bs + positions % bs)[:, :, None]).flatten()
+        return CacheView(positions=positions, write_rows=write_rows, blocks=blocks, num_rows=len(slots),
+                         length=longest, mask=mask)  # fmt: skip
 
     def update(
         self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor
@@ -123,4 +251,10 @@ class KVCache:
         head_dim = keys.shape[-1]
         keys.view(-1, head_dim).index_copy_(0, view.write_rows, k.reshape(-1, head_dim))
         values.view(-1, head_dim).index_copy_(0, view.write_rows, v.reshape(-1, head_dim))
-        return keys[view.rows, :, : view.length], values[view.rows, :, : view.length]
+        return self._gather(keys, view), self._gather(values, view)
+
+    def _gather(self, pool: torch.Tensor, view: CacheView) -> torch.Tensor:
+        heads, _, bs, hd = pool.shape
+        rows = pool[:, view.blocks]  # [Hkv, B * nb, bs, hd] (a view for a slice)
+        rows = rows.reshape(heads, view.num_rows, -1, hd).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
+        return rows[:, :, : view.length]

@@ -1,7 +1,8 @@
 """The step-level API the worker's scheduler builds on: prefill a slot, decode a batch of slots, free a slot.
 
-A slot is a handle to one sequence's KV (see kv_cache.py). Prefill appends tokens after what a slot already holds,
-so chunked prefill and continuing a kept session are the same call. Decode runs one token for every slot in the
+A slot is a handle to one sequence's KV, a table of blocks in a shared pool (see kv_cache.py). Prefill appends
+tokens after what a slot already holds, so chunked prefill, a prompt that starts from a cached prefix and
+continuing a kept session are the same call. Decode runs one token for every slot in the
 batch, each at its own position, as one forward pass: rows of different lengths are handled by masks and indexed
 writes, never by a Python loop over rows.
 """
@@ -14,18 +15,40 @@ from inference.engine.model.kv_cache import KVCache
 from inference.engine.model.transformer import Transformer
 
 
+DEFAULT_BLOCK_SIZE = 16
+
+
+def pool_blocks(pool_tokens: int, block_size: int) -> int:
+    """Blocks for `pool_tokens` positions."""
+    return -(-pool_tokens // block_size)
+
+
 class ModelRunner:
-    def __init__(self, model: Transformer, *, max_concurrent: int, context_window: int):
+    """Runs a model's forward steps over a KV pool of `pool_tokens` positions, and never fewer than `max_concurrent`
+    sequences at the full `context_window` need: the sequences the scheduler runs can always grow to the window, by
+    taking back cached blocks and idle sessions' blocks if need be (sessions.py)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        max_concurrent: int,
+        context_window: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        pool_tokens: int = 0,
+    ):
         config = model.config
         self.model = model
         self.max_concurrent = max_concurrent
         self.context_window = context_window
         self.vocab_size = config.vocab_size
         self.device = model.embed.weight.device
+        per_sequence = pool_blocks(context_window, block_size)
         with torch.inference_mode():
             self.cache = KVCache(
                 num_layers=config.num_layers,
-                max_concurrent=max_concurrent,
+                num_blocks=max(pool_blocks(pool_tokens, block_size), max_concurrent * per_sequence),
+                block_size=block_size,
                 num_kv_heads=config.num_kv_heads,
                 context_window=context_window,
                 head_dim=config.head_dim,
@@ -34,8 +57,12 @@ class ModelRunner:
             )
 
     def allocate_slot(self) -> int:
-        """A free slot, empty; raises KVCacheFull when none is free."""
+        """A new, empty slot (blocks are taken as tokens are written; KVCacheFull when the pool has none left)."""
         return self.cache.allocate()
+
+    def reuse_prefix(self, slot: int, token_ids: list[int]) -> int:
+        """Starts an empty slot from the cached blocks `token_ids` begins with; the number of tokens reused."""
+        return self.cache.reuse_prefix(slot, token_ids)
 
     def free_slot(self, slot: int) -> None:
         self.cache.free(slot)
@@ -52,10 +79,10 @@ class ModelRunner:
         """Appends `token_ids` to the slot's KV; float32 logits of the last position [V], or of all of them [S, V]."""
         if not token_ids:
             raise ValueError("prefill needs at least one token")
-        view = self.cache.view([slot], len(token_ids))
+        view = self.cache.view([slot], [len(token_ids)], len(token_ids))
         tokens = torch.tensor([token_ids], device=self.device)
         logits = self.model(tokens, self.cache, view, last_only=not all_logits)  # [1, S or 1, V]
-        self.cache.advance([slot], len(token_ids))
+        self.cache.advance(slot, token_ids)
         return logits[0].float() if all_logits else logits[0, -1].float()
 
     @torch.inference_mode()
@@ -64,19 +91,19 @@ class ModelRunner:
         position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little
         more than the longest of them.
 
-        Shorter lists are padded at their end to the longest. The padding's keys and values land past their slot's
-        length, where no real token attends (the causal mask) and the slot's next tokens overwrite them. Every slot
-        must have room for the longest list, or the call raises ContextOverflow before writing anything.
+        Shorter lists are padded at their end to the longest. The padding's keys and values go to the pool's scratch
+        block, where no real token attends (the causal mask). Every slot must have room for the longest list, or
+        the call raises ContextOverflow before writing anything.
         """
         if len(slots) != len(token_ids) or not all(token_ids):
             raise ValueError("prefill_batch needs one non-empty token list per slot")
         width = max(len(ids) for ids in token_ids)
-        view = self.cache.view(slots, width)
+        view = self.cache.view(slots, [len(ids) for ids in token_ids], width)
         tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
         last = torch.tensor([len(ids) - 1 for ids in token_ids], device=self.device)
         logits = self.model(tokens, self.cache, view, last_index=last)  # [B, 1, V]
         for slot, ids in zip(slots, token_ids, strict=True):
-            self.cache.advance([slot], len(ids))
+            self.cache.advance(slot, ids)
         return logits[:, 0].float()
 
     @torch.inference_mode()
@@ -84,8 +111,9 @@ class ModelRunner:
         """One token per slot, each appended at its slot's own length; float32 logits [B, V]."""
         if len(slots) != len(token_ids) or not slots:
             raise ValueError(f"decode needs one token per slot, got {len(slots)} slots and {len(token_ids)} tokens")
-        view = self.cache.view(slots, 1)
+        view = self.cache.view(slots, [1] * len(slots), 1)
         tokens = torch.tensor(token_ids, device=self.device)[:, None]
         logits = self.model(tokens, self.cache, view)  # [B, 1, V]
-        self.cache.advance(slots, 1)
+        for slot, token_id in zip(slots, token_ids, strict=True):
+            self.cache.advance(slot, [token_id])
         return logits[:, 0].float()
