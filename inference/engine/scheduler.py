@@ -65,7 +65,9 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
     ):
         if not 1 <= max_concurrent <= runner.max_concurrent:
-            raise ValueError(f"max_concurrent {max_concurrent} must be in [1, {runner.max_concurrent}] (the KV slots)")
+            raise ValueError(
+                f"max_concurrent {max_concurrent} must be in [1, {runner.max_concurrent}] (what the KV pool holds)"
+            )
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_concurrent = max_concurrent

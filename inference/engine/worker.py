@@ -101,7 +101,7 @@ class Worker:
                 for message in outputs:
                     self.forget_finished(message)
                 self.send(p.StepOutputs(outputs))
-            # 4) housekeeping: prepared prompts, finished loads, drains, pauses, queue timeouts, idle sessions, heartbeats
+            # 4) housekeeping: prepared prompts, loads, drains, pauses, queue timeouts, idle sessions, heartbeats
             self.housekeeping()
         self.shut_down()
 

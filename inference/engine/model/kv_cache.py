@@ -110,6 +110,7 @@ class KVCache:
         """The blocks the slot holds, in position order (a copy)."""
         return list(self._table(slot).blocks)
 
+    @torch.inference_mode()
     def truncate(self, slot: int, length: int) -> None:
         """Forgets positions `[length, ...)`: blocks past them are let go, and a partial last block that is shared or
         named is replaced by a private copy, so the next tokens written cannot change anyone else's KV."""
@@ -185,6 +186,7 @@ class KVCache:
 
         return [gather(k) for k in self.keys], [gather(v) for v in self.values]
 
+    @torch.inference_mode()
     def write(self, slot: int, token_ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """Fills an empty slot with given KV (per layer `[num_kv_heads, len(token_ids), head_dim]`)."""
         table = self._table(slot)

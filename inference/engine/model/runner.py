@@ -14,7 +14,6 @@ import torch
 from inference.engine.model.kv_cache import KVCache
 from inference.engine.model.transformer import Transformer
 
-
 DEFAULT_BLOCK_SIZE = 16
 
 
