@@ -208,7 +208,10 @@ class KVCache:
 
     def view(self, slots: list[int], counts: list[int], width: int) -> CacheView:
         """The view for appending `counts[i]` tokens to `slots[i]`, as rows of `width` positions (a row's positions
-        past its count are padding, written to scratch). Allocates the blocks the new tokens need."""
+        past its count are padding, written to scratch). Allocates the blocks the new tokens need.
+
+        The indices are built as Python ints and copied to the device once each: a decode step of a small model
+        costs less than the handful of tensor ops that would compute them."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")
         tables = [self._table(slot) for slot in slots]
@@ -217,32 +220,37 @@ class KVCache:
         if longest > self.context_window:
             slot = slots[starts.index(max(starts))]
             raise ContextOverflow(slot, longest, self.context_window)
+        bs, scratch = self.block_size, self.scratch
+        heads = range(len(self._kv_heads))
+        per_head = (self.scratch + 1) * bs
+        positions, write_rows = [], []
         for table, start, count in zip(tables, starts, counts, strict=True):
             self._reserve(table, start + count)
-        bs = self.block_size
-        # host-side: the block of every written position (scratch for padding), and the blocks each row reads
-        write_blocks = [
-            [table.blocks[p // bs] if p < start + count else self.scratch for p in range(start, start + width)]
-            for table, start, count in zip(tables, starts, counts, strict=True)
-        ]
+            end = start + count
+            row_positions = range(start, start + width)
+            positions.append(row_positions)
+            for p in row_positions:
+                base = (table.blocks[p // bs] if p < end else scratch) * bs + p % bs
+                write_rows += [h * per_head + base for h in heads]
         nb = -(-longest // bs)
-        start_index = torch.tensor(starts, device=self.device)
-        positions = start_index[:, None] + self._positions[:width]  # [B, S]
-        mask = None
-        if width > 1 or min(starts) != max(starts):
-            mask = (self._positions[:longest] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
         first = tables[0].blocks[0]
         if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
             blocks: slice | torch.Tensor = slice(first, first + nb)
         else:
-            padded = [t.blocks[:nb] + [self.scratch] * (nb - len(t.blocks[:nb])) for t in tables]
-            blocks = torch.tensor(padded, device=self.device).flatten()
-        # row index into a layer's pool seen as [Hkv * (num_blocks + 1) * bs, hd], in [B, S, Hkv] order
-        block_index = torch.tensor(write_blocks, device=self.device)  # [B, S]
-        per_head = self.keys[0].shape[1] * bs
-        write_rows = (self._kv_heads * per_head + (block_index * bs + positions % bs)[:, :, None]).flatten()
-        return CacheView(positions=positions, write_rows=write_rows, blocks=blocks, num_rows=len(slots),
-                         length=longest, mask=mask)  # fmt: skip
+            padded = [b for t in tables for b in (t.blocks[:nb] + [scratch] * (nb - len(t.blocks)))]
+            blocks = torch.tensor(padded, device=self.device)
+        position_index = torch.tensor(positions, device=self.device)  # [B, S]
+        mask = None
+        if width > 1 or min(starts) != max(starts):
+            mask = (self._positions[:longest] <= position_index[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
+        return CacheView(
+            positions=position_index,
+            write_rows=torch.tensor(write_rows, device=self.device),
+            blocks=blocks,
+            num_rows=len(slots),
+            length=longest,
+            mask=mask,
+        )
 
     def update(
         self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor
@@ -256,7 +264,9 @@ class KVCache:
         return self._gather(keys, view), self._gather(values, view)
 
     def _gather(self, pool: torch.Tensor, view: CacheView) -> torch.Tensor:
-        heads, _, bs, hd = pool.shape
-        rows = pool[:, view.blocks]  # [Hkv, B * nb, bs, hd] (a view for a slice)
-        rows = rows.reshape(heads, view.num_rows, -1, hd).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
+        if isinstance(view.blocks, slice):
+            rows = pool[:, view.blocks]  # [Hkv, nb, bs, hd], a view
+        else:
+            rows = pool.index_select(1, view.blocks)  # [Hkv, B * nb, bs, hd]
+        rows = rows.unflatten(1, (view.num_rows, -1)).flatten(2, 3).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
         return rows[:, :, : view.length]
