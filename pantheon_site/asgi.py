@@ -15,8 +15,9 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from pantheon_site.body_limit import BodyLimitMiddleware  # noqa: E402
 from pantheon_site.cors import CorsMiddleware  # noqa: E402
 
-# Streaming chat completions are a plain async Django view (StreamingHttpResponse): Django's ASGI handler cancels the
-# response on a client disconnect, which aborts the generation (inference/completions.py). Consumers for routes that
-# need Channels (/session/watch) go in a URLRouter placed in front of django_asgi_app under "http".
+# Streaming chat completions and GET /session/watch are plain async Django views (StreamingHttpResponse): Django's
+# ASGI handler cancels the response on a client disconnect (daphne's http.disconnect), which aborts the generation
+# (inference/api/completion_bodies.py) or closes the watch (inference/api/sessions.py). Consumers for routes that need
+# Channels would go in a URLRouter placed in front of django_asgi_app under "http".
 # A body over PANTHEON_MAX_BODY_BYTES is refused (413) inside CORS, before routing reads it.
 application = CorsMiddleware(BodyLimitMiddleware(ProtocolTypeRouter({"http": django_asgi_app})))

@@ -79,10 +79,8 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
     """Submits one generation per choice, all at once (they decode side by side), and waits for their admission.
     If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all.
 
-    The session key goes with the first choice only (spec: only the first uses the session's prefix cache), and
-    only to a model that keeps sessions: on one that does not (max_sessions 0) a key is ignored, as a client that
-    sends X-Session-Id on every request expects."""
-    session_id = chat.session_id if _keeps_sessions(client, model) else None
+    The session key goes with the first choice only (spec: only the first uses the session's prefix cache); a model
+    that keeps no sessions ignores it."""
     submits = [
         Submit(
             request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
@@ -93,7 +91,7 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             sampling=chat.sampling_for_choice(i),
             max_tokens=chat.max_tokens,
             stop=chat.stop,
-            session_id=session_id if i == 0 else None,
+            session_id=chat.session_id if i == 0 else None,
         )
         for i in range(chat.n)
     ]
@@ -105,11 +103,6 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
                 generation.abort()
         raise failures[0]
     return list(results)
-
-
-def _keeps_sessions(client: EngineClient, model: str) -> bool:
-    placement = client.models().get(model)
-    return placement is not None and placement.load.limits.max_sessions > 0
 
 
 async def counted(router: ModelRouter, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -53,7 +53,7 @@ class SessionTargetSerializer(serializers.Serializer):
     """POST /session/release and /admin/session/export, GET /session/watch: which model (`name`; absent: the default
     model) and which session (the body's or query's `session_id`, else the X-Session-Id header where allowed)."""
 
-    name = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="", max_length=200)
+    name = TextField(required=False, allow_null=True, default="", max_length=200)
     session_id = SessionIdField()
 
 
@@ -68,7 +68,7 @@ class SessionEstimateSerializer(serializers.Serializer):
     """GET /session/estimate's query: tokens (> 0) required; blob_bytes and upload_bps, when given, positive."""
 
     tokens = serializers.IntegerField(min_value=1, max_value=TOKEN_ID_LIMIT)
-    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    name = TextField(required=False, default="", max_length=200)
     blob_bytes = serializers.IntegerField(required=False, min_value=1)
     upload_bps = serializers.FloatField(required=False, min_value=1e-9)
 

@@ -89,17 +89,16 @@ async def restore_session(router: ModelRouter, name: str, session_id: str, blob:
 
 async def do_release_session(router: ModelRouter, *, name: str, session_id: str, actor: dict[str, Any]) -> dict:
     """Frees every conversation of the session now; idempotent (an unknown or already freed session, or a model
-    that keeps no sessions, is released too). `actor`: the audit event's actor fields (actor_kind, actor_label,
-    request_id, client_address). Writes one `session_release` event, accepted or refused."""
+    that keeps no sessions, is released too: the worker answers that nothing was held). `actor`: the audit event's
+    actor fields (actor_kind, actor_label, request_id, client_address). Writes one `session_release` event,
+    accepted or refused."""
     async with AuditedCall("session_release", model=name, **actor) as call:
         model = session_model(router, name)
         call.model = model
         try:
             held = (await router.client.release_session(model, session_id)).released
         except EngineError as exc:
-            if exc.reason != Reason.SESSIONS_DISABLED:
-                raise as_api_error(exc) from exc
-            held = False
+            raise as_api_error(exc) from exc
         call.details = {"session_id": session_id, "held": held}
     return {"released": True, "session_id": session_id}
 
@@ -153,9 +152,9 @@ async def estimate(
 
 async def _prefill_rate(client: EngineClient, model: str) -> float:
     """The model's measured prefill rate from its worker's status (0.0 when none is measured or known)."""
-    device = client.models()[model].device
-    for status in await client.status():
-        if status.device == device:
+    placement = client.models().get(model)
+    for status in await client.status() if placement else []:
+        if status.device == placement.device:
             return next((m.prefill_tok_per_s for m in status.models if m.name == model), 0.0)
     return 0.0
 

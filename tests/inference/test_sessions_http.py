@@ -47,6 +47,14 @@ def sessionless(start_server):
     return start_server(PANTHEON_SESSIONS="false")
 
 
+@pytest.fixture
+def sessionless_api(sessionless, operator_token):
+    """An operator's client of the server without sessions; unloads what the test loaded (a fixture, so that it does
+    even when the test fails)."""
+    with operator_client(sessionless, operator_token) as client:
+        yield client
+
+
 @pytest.fixture(params=["stories-hf", "stories-gguf", "demo"])
 def checkpoint(request, stories_hf_dir, stories_gguf_path, demo_dir):
     return {"stories-hf": stories_hf_dir, "stories-gguf": stories_gguf_path, "demo": demo_dir}[request.param]
@@ -131,12 +139,12 @@ def test_only_the_first_of_n_choices_uses_the_session(api, stories_hf_dir):
     assert sessions_of(api, "m")["n2"]["conversations"] == 1
 
 
-def test_a_model_without_sessions_serves_a_session_key_as_a_plain_request(sessionless, operator_token, stories_hf_dir):
-    with operator_client(sessionless, operator_token) as api:
-        load(api, stories_hf_dir, "m")
-        assert api.get("/v1/models").json()["data"][0]["max_sessions"] == 0
-        converse(api, "m", USER_TURNS[:2], session_id="ignored")
-        assert live_row(api, "m")["sessions"] == 0
+def test_a_model_without_sessions_serves_a_session_key_as_a_plain_request(sessionless_api, stories_hf_dir):
+    api = sessionless_api
+    row = load(api, stories_hf_dir, "m")
+    assert row["max_sessions"] == api.get("/v1/models").json()["data"][0]["max_sessions"] == 0
+    converse(api, "m", USER_TURNS[:2], session_id="ignored")
+    assert live_row(api, "m")["sessions"] == 0 and sessions_of(api, "m") == {}
 
 
 # -- residency -------------------------------------------------------------------------------------------------------
@@ -264,7 +272,8 @@ def test_export_rows(server, api, operator_token, client_token, demo_dir):
         other.stream("POST", server.url + "/v1/chat/completions", json=turn) as response,
     ):
         assert response.status_code == 200
-        next(response.iter_lines())
+        lines = response.iter_lines()  # kept: an abandoned iterator closes the connection, which aborts the turn
+        next(lines)
         assert error_of(api.post(export, json={"name": "d", "session_id": "s"})) == (429, "session_busy")
     events = [(e.outcome, e.error_type, e.model) for e in AuditEvent.objects.filter(operation="session_export")]
     assert events[0] == ("refused", "unauthorized", "")
@@ -275,7 +284,7 @@ def test_export_rows(server, api, operator_token, client_token, demo_dir):
     ]
 
 
-def test_restore_rows(server, api, sessionless, operator_token, stories_hf_dir):
+def test_restore_rows(server, api, sessionless_api, stories_hf_dir):
     load(api, stories_hf_dir, "m")
     restore = "/session/restore"
     good = {"name": "m", "session_id": "r", "blob": base64.b64encode(b"not a blob").decode(), "tokens": [1, 2, 3]}
@@ -295,12 +304,11 @@ def test_restore_rows(server, api, sessionless, operator_token, stories_hf_dir):
     body = {k: v for k, v in good.items() if k != "session_id"}
     assert error_of(api.post(restore, json=body, headers={"X-Session-Id": "r"})) == (400, "bad_session_blob")
     assert sessions_of(api, "m") == {}
-    with operator_client(sessionless, operator_token) as other:
-        load(other, stories_hf_dir, "m")
-        assert error_of(other.post(restore, json=good)) == (400, "session_caching_disabled")
+    load(sessionless_api, stories_hf_dir, "m")
+    assert error_of(sessionless_api.post(restore, json=good)) == (400, "session_caching_disabled")
 
 
-def test_release_rows(server, api, sessionless, operator_token, stories_hf_dir):
+def test_release_rows(server, api, sessionless_api, stories_hf_dir):
     load(api, stories_hf_dir, "m")
     release = "/session/release"
     assert error_of(api.post(release, content=b"")) == (400, "invalid_request_error")
@@ -319,10 +327,9 @@ def test_release_rows(server, api, sessionless, operator_token, stories_hf_dir):
     assert events[-3:] == [("accepted", "anonymous", "m", "unknown", False),
                            ("accepted", "anonymous", "m", "unknown", False),
                            ("accepted", "anonymous", "m", "by-header", True)]  # fmt: skip
-    with operator_client(sessionless, operator_token) as other:
-        load(other, stories_hf_dir, "m")
-        response = other.post(release, json={"session_id": "any"})
-        assert (response.status_code, response.json()) == (200, {"released": True, "session_id": "any"})
+    load(sessionless_api, stories_hf_dir, "m")
+    response = sessionless_api.post(release, json={"session_id": "any"})
+    assert (response.status_code, response.json()) == (200, {"released": True, "session_id": "any"})
 
 
 def test_estimate_rows(server, api, stories_hf_dir):
@@ -345,7 +352,7 @@ def test_estimate_rows(server, api, stories_hf_dir):
     assert measured["cold_reprefill_s"] == pytest.approx(1000 / rate, rel=0.01, abs=0.01)
 
 
-def test_watch_rows(server, api, sessionless, operator_token, stories_hf_dir):
+def test_watch_rows(server, api, sessionless, sessionless_api, stories_hf_dir):
     load(api, stories_hf_dir, "m")
     watch = server.url + "/session/watch"
     assert error_of(httpx.get(watch)) == (400, "invalid_request_error")
@@ -355,13 +362,13 @@ def test_watch_rows(server, api, sessionless, operator_token, stories_hf_dir):
     with httpx.Client(timeout=30) as client, client.stream("GET", watch, headers={"X-Session-Id": "w"}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        assert next(response.iter_raw()) == b": watch established\n\n"
+        chunks = response.iter_raw()  # kept: an abandoned iterator closes the connection, which ends the watch
+        assert next(chunks) == b": watch established\n\n"
         assert sessions_of(api, "m")["w"]["watched"]
     wait_for(lambda: not sessions_of(api, "m")["w"]["watched"])  # the close was noticed (the grace is 45 s)
-    with operator_client(sessionless, operator_token) as other:
-        load(other, stories_hf_dir, "m")
-        refused = httpx.get(sessionless.url + "/session/watch", params={"session_id": "w"})
-        assert error_of(refused) == (400, "session_caching_disabled")
+    load(sessionless_api, stories_hf_dir, "m")
+    refused = httpx.get(sessionless.url + "/session/watch", params={"session_id": "w"})
+    assert error_of(refused) == (400, "session_caching_disabled")
 
 
 def test_session_routes_are_routes(server):
@@ -381,3 +388,43 @@ def test_a_stream_can_be_a_session_turn(api, stories_hf_dir):
     usage = events[-2]["usage"]
     total = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == total and "session_conflict" not in usage
+
+
+def test_without_a_name_a_session_route_needs_a_single_model(server, api, stories_hf_dir, stories_gguf_path):
+    load(api, stories_hf_dir, "a")
+    converse(api, "a", USER_TURNS[:1], session_id="s")
+    load(api, stories_gguf_path, "b")
+    assert error_of(api.post("/session/release", json={"session_id": "s"})) == (404, "model_not_found")
+    assert error_of(api.post("/admin/session/export", json={"session_id": "s"})) == (404, "model_not_found")
+    assert error_of(httpx.get(server.url + "/session/watch", params={"session_id": "s"})) == (404, "model_not_found")
+    assert httpx.get(server.url + "/session/estimate", params={"tokens": 1}).json()["model"] == ""
+    assert api.post("/admin/session/export", json={"name": "a", "session_id": "s"}).status_code == 200
+    assert error_of(api.post("/admin/session/export", json={"name": "b", "session_id": "s"})) == (
+        404,
+        "session_not_found",
+    )
+
+
+def test_with_client_tokens_required_session_routes_need_one_and_manage_py_still_releases(
+    start_server, operator_token, client_token, stories_hf_dir
+):
+    guarded = start_server(PANTHEON_REQUIRE_CLIENT_TOKENS="true")
+    with operator_client(guarded, operator_token) as api:
+        load(api, stories_hf_dir, "m")
+        converse(api, "m", USER_TURNS[:1], session_id="guarded")
+        routes = [
+            ("POST", "/session/release", {"json": {"session_id": "x"}}),
+            ("POST", "/session/restore", {"json": {"session_id": "x", "blob": "QUJD", "tokens": [1]}}),
+            ("GET", "/session/estimate", {"params": {"tokens": 1}}),
+            ("GET", "/session/watch", {"params": {"session_id": "x"}}),
+        ]
+        for method, path, kwargs in routes:
+            refused = httpx.request(method, guarded.url + path, **kwargs)
+            assert error_of(refused) == (401, "unauthorized"), path
+        allowed = httpx.get(guarded.url + "/session/estimate", params={"tokens": 1}, headers=bearer(client_token))
+        assert allowed.status_code == 200
+        released = guarded.manage("release_session", "guarded")
+        assert released.returncode == 0, released.stderr
+        assert sessions_of(api, "m") == {}
+        event = AuditEvent.objects.filter(operation="session_release", outcome="accepted").get()
+        assert (event.actor_kind, event.actor_label) == ("cli", getpass.getuser())
