@@ -10,7 +10,9 @@ Each layer's keys (and values) are one tensor `[num_kv_heads, num_blocks + 1, bl
 block is scratch: positions a step computes but no sequence keeps (the padding of a batched prefill) are written
 there. A step reads a sequence's keys by gathering its blocks in table order (on any device: torch has no paged
 attention kernel for CPU); a lone sequence whose blocks are consecutive, as a fresh pool hands them out, is read as
-a view without a copy.
+a view without a copy. The gather writes into two buffers kept across steps (keys, values; every layer reuses them,
+since a layer's attention is done before the next one reads), grown to the largest step read so far: a fresh
+tensor of that size per layer and step costs more in page faults on a CPU than the copy itself.
 
 Only full blocks are shared. Before a slot writes into a partial last block that others hold or that is named as
 a cached prefix (after `truncate`), the block is copied (copy on write).
@@ -32,7 +34,8 @@ class CacheView:
 
     positions: torch.Tensor  # [B, S] long: absolute position of each new token (also its RoPE index)
     write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's pool
-    blocks: slice | torch.Tensor  # the blocks read, [B * nb] in row order (scratch-padded), or a slice for one row
+    blocks: slice | torch.Tensor  # a slice of the blocks for one row read as a view, else [Hkv * B * nb] rows of
+    # a layer's pool seen as [Hkv * (num_blocks + 1), block_size * hd], in (kv head, row, block) order (scratch-padded)
     num_rows: int
     length: int  # keys attended over: positions [0, length) of each row
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
@@ -76,7 +79,8 @@ class KVCache:
         self._tables: dict[int, BlockTable] = {}
         self._next_slot = 0
         self._positions = torch.arange(context_window, device=device)
-        self._kv_heads = torch.arange(num_kv_heads, device=device)
+        self._num_kv_heads = num_kv_heads
+        self._gathered = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # keys, values
 
     @property
     def num_slots(self) -> int:
@@ -221,7 +225,7 @@ class KVCache:
             slot = slots[starts.index(max(starts))]
             raise ContextOverflow(slot, longest, self.context_window)
         bs, scratch = self.block_size, self.scratch
-        heads = range(len(self._kv_heads))
+        heads = range(self._num_kv_heads)
         per_head = (self.scratch + 1) * bs
         positions, write_rows = [], []
         for table, start, count in zip(tables, starts, counts, strict=True):
@@ -238,7 +242,7 @@ class KVCache:
             blocks: slice | torch.Tensor = slice(first, first + nb)
         else:
             padded = [b for t in tables for b in (t.blocks[:nb] + [scratch] * (nb - len(t.blocks)))]
-            blocks = torch.tensor(padded, device=self.device)
+            blocks = torch.tensor([h * (scratch + 1) + b for h in heads for b in padded], device=self.device)
         position_index = torch.tensor(positions, device=self.device)  # [B, S]
         mask = None
         if width > 1 or min(starts) != max(starts):
@@ -261,12 +265,17 @@ class KVCache:
         head_dim = keys.shape[-1]
         keys.view(-1, head_dim).index_copy_(0, view.write_rows, k.reshape(-1, head_dim))
         values.view(-1, head_dim).index_copy_(0, view.write_rows, v.reshape(-1, head_dim))
-        return self._gather(keys, view), self._gather(values, view)
+        return self._gather(keys, view, 0), self._gather(values, view, 1)
 
-    def _gather(self, pool: torch.Tensor, view: CacheView) -> torch.Tensor:
+    def _gather(self, pool: torch.Tensor, view: CacheView, buffer: int) -> torch.Tensor:
+        heads, _, bs, hd = pool.shape
         if isinstance(view.blocks, slice):
             rows = pool[:, view.blocks]  # [Hkv, nb, bs, hd], a view
         else:
-            rows = pool.index_select(1, view.blocks)  # [Hkv, B * nb, bs, hd]
-        rows = rows.unflatten(1, (view.num_rows, -1)).flatten(2, 3).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
+            needed = view.blocks.numel() * bs * hd
+            if self._gathered[buffer].numel() < needed:
+                self._gathered[buffer] = torch.empty(needed, dtype=pool.dtype, device=pool.device)
+            out = self._gathered[buffer][:needed].view(-1, bs * hd)
+            rows = torch.index_select(pool.view(-1, bs * hd), 0, view.blocks, out=out)  # [Hkv * B * nb, bs * hd]
+        rows = rows.reshape(heads, view.num_rows, -1, hd).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
         return rows[:, :, : view.length]
