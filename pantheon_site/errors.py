@@ -140,6 +140,12 @@ class WeightsVersionMismatch(PantheonError):
     default_message = "the blob was captured under different weights; replay the conversation instead"
 
 
+class WatchUnavailable(PantheonError):
+    """503: the server holds PANTHEON_SESSION_MAX_WATCHES watches already (the spec's "its table is full")."""
+
+    status, type, default_message = 503, "watch_unavailable", "no more session watches can be held"
+
+
 class NoModelsLoaded(PantheonError):
     """503: nothing is loaded and the request named nothing the catalogue could load."""
 

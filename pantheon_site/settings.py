@@ -184,6 +184,8 @@ PANTHEON_SESSION_IDLE_TTL_S = _env_float("PANTHEON_SESSION_IDLE_TTL_S", 12 * 360
 PANTHEON_SESSION_WATCH_GRACE_S = _env_float("PANTHEON_SESSION_WATCH_GRACE_S", 45.0)
 # GET /session/watch sends a keep-alive comment this often, so proxies and clients do not time the hold out.
 PANTHEON_SESSION_WATCH_KEEPALIVE_S = _env_float("PANTHEON_SESSION_WATCH_KEEPALIVE_S", 15.0)
+# At most this many watches are held at once (each is an open connection); one more is 503 watch_unavailable.
+PANTHEON_SESSION_MAX_WATCHES = _env_int("PANTHEON_SESSION_MAX_WATCHES", 1024)
 # How long an unload waits for generations in flight before it gives up with unload_failed.
 PANTHEON_UNLOAD_DRAIN_TIMEOUT_S = _env_float("PANTHEON_UNLOAD_DRAIN_TIMEOUT_S", 60.0)
 # /v1 is open unless this is set; then a client, trainer or operator token is required.

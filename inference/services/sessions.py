@@ -16,6 +16,8 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
+
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
@@ -23,7 +25,7 @@ from inference.runtime.engine_client import EngineClient
 from inference.runtime.generation import EngineError
 from inference.runtime.router import SERVING_STATES, ModelRouter
 from pantheon_site.audit import AuditedCall
-from pantheon_site.errors import ModelNotFound, ServerShuttingDown
+from pantheon_site.errors import ModelNotFound, ServerShuttingDown, WatchUnavailable
 
 logger = logging.getLogger("pantheon.sessions")
 
@@ -162,6 +164,7 @@ async def _prefill_rate(client: EngineClient, model: str) -> float:
 # -- watches ------------------------------------------------------------------------------------------------------
 
 _closing: set[asyncio.Task] = set()  # watch closes on their way to the worker (kept from garbage collection)
+_held: set[WatchHold] = set()  # watches open (or opening) and not yet closed, counted against the cap
 
 
 class WatchHold:
@@ -176,6 +179,7 @@ class WatchHold:
         self.session_id = session_id
         self._loop = asyncio.get_running_loop()
         self._closed = False
+        _held.add(self)
 
     def close(self) -> None:
         """Thread-safe and idempotent; returns at once (the close is sent by a task of the server's loop)."""
@@ -188,6 +192,7 @@ class WatchHold:
         if self._closed:
             return
         self._closed = True
+        _held.discard(self)
         task = self._loop.create_task(self._close_call(), name=f"watch-close-{self.session_id}")
         _closing.add(task)
         task.add_done_callback(_closing.discard)
@@ -201,16 +206,20 @@ class WatchHold:
 
 async def open_watch(router: ModelRouter, name: str, session_id: str) -> WatchHold:
     """Opens a watch on the session (a session that does not exist yet may be watched: it is kept once its first
-    turn creates it). Refused while the server shuts down."""
+    turn creates it). Refused while the server shuts down, and while PANTHEON_SESSION_MAX_WATCHES are held."""
     if router.shutting_down:
         raise ServerShuttingDown("the server is shutting down; retry in a moment", reason="shutting_down")
     model = session_model(router, name)
+    if len(_held) >= settings.PANTHEON_SESSION_MAX_WATCHES:
+        raise WatchUnavailable(f"the server holds {len(_held)} session watches, its limit; retry when one closes")
     hold = WatchHold(router.client, model, session_id)
     try:
         await router.client.watch_session(model, session_id, True)
     except EngineError as exc:
         if exc.reason == Reason.INTERNAL:  # no answer in time: the open was sent, so match it with a close
             hold.close()
+        else:  # refused: nothing is held
+            _held.discard(hold)
         raise as_api_error(exc) from exc
     except asyncio.CancelledError:  # the client left while the open was on its way: match it with a close
         hold.close()

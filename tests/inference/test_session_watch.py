@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.inference.serving import PantheonServer, wait_for
+from tests.inference.serving import PantheonServer, operator_client, wait_for
 from tests.inference.session_turns import USER_TURNS, converse, load, sessions_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -109,3 +109,20 @@ def test_watches_end_with_the_connection_not_the_server(server, api, stories_hf_
     with watching(server, "w", "many"):
         assert sessions_of(api, "w")["many"]["watched"]
     wait_for(lambda: "many" not in sessions_of(api, "w"))
+
+
+def test_past_the_watch_limit_a_watch_is_503_until_one_closes(start_server, operator_token, stories_hf_dir):
+    limited = start_server(PANTHEON_SESSION_MAX_WATCHES="1")
+    with operator_client(limited, operator_token) as api:
+        load(api, stories_hf_dir, "w")
+        converse(api, "w", USER_TURNS[:1], session_id="first")
+        converse(api, "w", USER_TURNS[:1], session_id="second")
+        params = {"name": "w", "session_id": "second"}
+        with watching(limited, "w", "first"):
+            refused = httpx.get(limited.url + "/session/watch", params=params)
+            assert (refused.status_code, refused.json()["error"]["type"]) == (503, "watch_unavailable")
+            assert not sessions_of(api, "w")["second"]["watched"]
+        # once the server has noticed the first watch close, there is room again
+        wait_for(lambda: not sessions_of(api, "w")["first"]["watched"])
+        with watching(limited, "w", "second"):
+            assert sessions_of(api, "w")["second"]["watched"]
