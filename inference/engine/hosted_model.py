@@ -15,6 +15,7 @@ from typing import Any
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
+from inference.engine.grammar import GrammarCompiler, GrammarError
 from inference.engine.kv_budget import (
     MIN_WINDOW,
     configured_window,
@@ -89,6 +90,7 @@ class HostedModel:
         self.scheduler = scheduler
         tok = model.tokenizer
         self.template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+        self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
@@ -186,10 +188,16 @@ class HostedModel:
                 f"{window})", kv_used=len(prompt), kv_cap=window,
             )  # fmt: skip
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
+        grammar = None
+        if req.sampling.grammar is not None:
+            try:
+                grammar = self.grammars.matcher(req.sampling.grammar)
+            except GrammarError as exc:
+                raise refusal(req.request_id, Reason.BAD_REQUEST, f"the grammar does not compile: {exc}") from exc
         return Sequence(
             req.request_id,
             prompt,
-            sampling=SequenceSampling(req.sampling, vocab),
+            sampling=SequenceSampling(req.sampling, vocab, grammar),
             detokenizer=IncrementalDetokenizer(model.tokenizer),
             stop_token_ids=stop_ids,
             stop=req.stop,
@@ -268,4 +276,6 @@ class HostedModel:
         )
 
     def answer_session_call(self, call: SessionCall) -> p.Message:
+        """Answers after `settle()`: a turn whose FINISHED went out is no longer in flight (not session_busy)."""
+        self.scheduler.settle()
         return answer(self.model, self.scheduler.sessions, call)

@@ -187,14 +187,24 @@ class Scheduler:
             sampled_rows = [i for i, s in enumerate(plan.decode) if not s.finalizing]
             rows += [plan.decode[i] for i in sampled_rows]
             logits.append(decoded if len(sampled_rows) == len(plan.decode) else decoded[sampled_rows])
-            for seq in plan.decode:
-                if seq.finalizing:  # its last token's KV is written now: the conversation keeps it
-                    self.running.remove(seq)
-                    self._release(seq)
+            self._end_finalizing([s for s in plan.decode if s.finalizing])
         if rows:
             sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])  # logits: [B, V]
             out += self.postprocess(rows, sampled)
         return out
+
+    def settle(self) -> None:
+        """Runs now the decode that keeps the last token's KV of every finished session turn (the next step would),
+        so that a session call answered between steps sees those turns ended."""
+        if finalizing := [s for s in self.running if s.finalizing]:
+            self.runner.decode([s.slot for s in finalizing], [s.last_token for s in finalizing])
+            self._end_finalizing(finalizing)
+
+    def _end_finalizing(self, finalizing: list[Sequence]) -> None:
+        """Their last token's KV is written: they leave the batch and their conversations keep the KV."""
+        for seq in finalizing:
+            self.running.remove(seq)
+            self._release(seq)
 
     def _prefill(self, prefills: list[tuple[Sequence, list[int]]]) -> torch.Tensor:
         """Runs the step's prefill chunks, as one batch when padding them to the longest at most doubles the work
@@ -250,6 +260,7 @@ class Scheduler:
             kv_used=seq.num_tokens,
             kv_cap=self.context_window,
             session_conflict=seq.session_conflict,
+            grammar_complete=None if (grammar := seq.sampling.grammar) is None else grammar.is_accepting(),
         )
 
     def _release(self, seq: Sequence) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
+from inference.engine.hosted_model import HostedModel
 from inference.engine.loaders.loading import load_model
 from inference.engine.scheduler import Scheduler
 from inference.engine.session_calls import answer
@@ -196,3 +197,18 @@ def test_two_conversations_racing_under_one_id_report_a_conflict(model, clock):
     assert late.session_conflict is True
     assert late.cached_tokens == len(history) // 16 * 16  # its full blocks still come from the prefix cache
     assert len(scheduler.sessions.sessions["s"].conversations) == 2
+
+
+def test_a_session_call_right_after_a_turns_finished_sees_the_turn_ended(model, clock):
+    """FINISHED goes out before the step that keeps the last token's KV; a call in between must not find the
+    session busy, and exports the whole turn."""
+    scheduler = scheduler_with_sessions(model, clock)
+    hosted = HostedModel("m", model, scheduler)
+    seq = sequence(model, "a", PROMPT, max_tokens=3)
+    seq.session = scheduler.sessions.claim("s")
+    scheduler.add(seq)
+    while not any(isinstance(m, p.Finished) for m in scheduler.step()):
+        pass
+    exported = hosted.answer_session_call(p.SessionExport(request_id="e", model="m", session_id="s"))
+    assert isinstance(exported, p.SessionBlob), exported
+    assert exported.tokens == PROMPT + seq.output_ids
