@@ -71,6 +71,15 @@ class CompletionContext:
         self.id = new_completion_id()
         self.created = int(time.time())
 
+    def format_status(self, *finished: p.Finished) -> dict[str, Any]:
+        """`response_format_status` for choices that ended with `finished` (empty when no response_format was sent):
+        `not_enforced` if any of them did not complete the grammar."""
+        plan = self.chat.response_format
+        if plan.status is None:
+            return {}
+        complete = None if plan.grammar is None else all(f.grammar_complete for f in finished)
+        return {"response_format_status": plan.final_status(complete)}
+
     def envelope(self, obj: str) -> dict[str, Any]:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
         if self.chat.n_status:
@@ -90,7 +99,8 @@ async def complete(generations: list[Generation], ctx: CompletionContext) -> dic
                 choices.append(await _choice(generation, index, ctx))
     except EngineError as exc:
         raise as_api_error(exc) from exc
-    return {**ctx.envelope("chat.completion"), "choices": choices, "usage": usage_body(generations)}
+    body = {**ctx.envelope("chat.completion"), "choices": choices, "usage": usage_body(generations)}
+    return body | ctx.format_status(*(g.finished for g in generations))
 
 
 async def _choice(generation: Generation, index: int, ctx: CompletionContext) -> dict[str, Any]:
@@ -142,9 +152,9 @@ async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -
 
 
 async def _choice_chunks(generation: Generation, index: int, ctx: CompletionContext) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> bytes:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, top: dict | None = None, **extra: Any) -> bytes:
         choice = {"index": index, "delta": delta, **extra, "finish_reason": finish_reason}
-        return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice]})
+        return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice], **(top or {})})
 
     splitter = ReasoningSplitter()
     yield chunk({"role": "assistant"})
@@ -162,7 +172,7 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
         yield chunk({"reasoning_content": reasoning})
     if content:
         yield chunk({"content": content})
-    yield chunk({}, generation.finished.finish_reason)
+    yield chunk({}, generation.finished.finish_reason, top=ctx.format_status(generation.finished))
 
 
 async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from rest_framework import serializers
 
+from inference.api.response_format import ResponseFormatPlan, plan_response_format
 from inference.engine.contract.params import SEED_LIMIT, TOKEN_ID_LIMIT, TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams
 from pantheon_site.errors import InvalidRequest, as_pantheon_error
 
@@ -243,6 +244,7 @@ class ChatCompletionSerializer(serializers.Serializer):
     top_logprobs = serializers.IntegerField(default=0)
     tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     tool_choice = serializers.JSONField(required=False, allow_null=True)
+    response_format = serializers.DictField(required=False, allow_null=True)
     enable_thinking = serializers.BooleanField(required=False, allow_null=True, default=None)
     n = serializers.IntegerField(required=False, allow_null=True, default=1)
     session_id = SessionIdField()
@@ -261,6 +263,10 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         max_tokens = MAX_TOKENS_DEFAULT
     elif max_tokens <= 0:
         max_tokens = MAX_TOKENS_NONPOSITIVE
+    tools = data.get("tools") or None
+    if data.get("tool_choice") == "none":
+        tools = None
+    response_format = plan_response_format(data.get("response_format"), tools_present=tools is not None)
     try:
         sampling = SamplingParams(
             temperature=data["temperature"],
@@ -272,12 +278,10 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
             top_logprobs=int(_clamp(data["top_logprobs"], 0, TOP_LOGPROBS_LIMIT)) if data["logprobs"] else 0,
             seed=None if data.get("seed") is None else data["seed"] % SEED_LIMIT,
             logit_bias=data["logit_bias"] or None,
+            grammar=response_format.grammar,
         )
     except ValueError as exc:  # what the clamps leave: a number that is not finite
         raise InvalidRequest(str(exc), reason="sampling") from None
-    tools = data.get("tools") or None
-    if data.get("tool_choice") == "none":
-        tools = None
     n = max(1, data.get("n") or 1)
     session_id = data.get("session_id") or data.get("prompt_cache_key") or data.get("promptCacheKey")
     if session_id is None and headers is not None:
@@ -291,6 +295,7 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         stream=data["stream"],
         include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
         tools=tools,
+        response_format=response_format,
         enable_thinking=data.get("enable_thinking"),
         n=min(n, MAX_CHOICES),
         n_status="capped_to_8" if n > MAX_CHOICES else None,
@@ -310,6 +315,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormatPlan = field(default_factory=ResponseFormatPlan)
     enable_thinking: bool | None = None
     n: int = 1  # separate decodes, each a choice
     n_status: str | None = None  # why fewer choices than asked for come back

@@ -10,8 +10,9 @@ Semantics, row by row:
    less is a hard ban (the token can never be chosen, whatever the temperature).
 2. temperature <= 0: greedy argmax of the adjusted logits.
 3. otherwise divide by temperature, keep top_k, then top_p, then min_p (transformers' order), and draw.
-Reported logprobs are log_softmax of the *raw* logits, before adjustments and temperature: they say what the
-model itself thought of the token, so they do not change with a request's sampling knobs.
+Before 2. and 3., a row with a grammar (grammar.py) has every token its grammar does not allow next set to -inf.
+Reported logprobs are log_softmax of the *raw* logits, before adjustments, grammar and temperature: they say what
+the model itself thought of the token, so they do not change with a request's sampling knobs.
 
 Seeds: a row's randomness is a pure function of (seed, step) (`counter_uniform`), so the same request gives
 the same tokens whether it runs alone or batched with others. Requests without a seed get a random one.
@@ -25,9 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 
+import llguidance
 import torch
 
 from inference.engine.contract.params import SamplingParams
+from inference.engine.grammar import allowed_only
 from inference.engine.token_draw import HEAD_LIMIT, DrawParams, draw_from_head, draw_from_vocab
 
 BAN_BIAS = -100.0  # a logit_bias at or below this bans the token outright
@@ -59,13 +62,15 @@ class SequenceSampling:
 
     `logit_adjustments` holds, per token, what is added to its logit (bias minus penalties); it is kept up to
     date by `record`, so a sampling call only has to gather it. `sample_batch` records the tokens it draws;
-    a caller that forces a token some other way records it with `record` too.
+    a caller that forces a token some other way records it with `record` too. `grammar`, when set, is the
+    llguidance matcher that limits what the row may sample; `record` advances it.
     """
 
-    __slots__ = ("params", "seed", "step", "token_counts", "logit_adjustments", "_bias", "_penalized")
+    __slots__ = ("params", "seed", "step", "token_counts", "logit_adjustments", "grammar", "_bias", "_penalized")
 
-    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+    def __init__(self, params: SamplingParams, vocab_size: int, grammar: llguidance.LLMatcher | None = None) -> None:
         self.params = params
+        self.grammar = grammar
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.step = 0
         self.token_counts: dict[int, int] = {}
@@ -83,8 +88,10 @@ class SequenceSampling:
         return counter_uniform(self.seed, self.step)
 
     def record(self, token_id: int) -> None:
-        """Account for one generated token: advance the step and update its penalty."""
+        """Account for one generated token: advance the step, update its penalty and the grammar's state."""
         self.step += 1
+        if self.grammar is not None:
+            self.grammar.consume_token(token_id)
         count = self.token_counts.get(token_id, 0) + 1
         self.token_counts[token_id] = count
         if self._penalized:
@@ -117,6 +124,10 @@ def sample_batch(logits: torch.Tensor, states: Sequence[SequenceSampling]) -> Sa
     """
     raw = logits.float()
     scores = _adjusted(raw, states)
+    if constrained := [row for row, state in enumerate(states) if state.grammar is not None]:
+        scores = allowed_only(
+            scores if scores is not raw else raw.clone(), constrained, [states[r].grammar for r in constrained]
+        )
     groups: dict[str, list[int]] = {"greedy": [], "head": [], "vocab": []}
     for row, state in enumerate(states):
         groups[_group_of(state.params, scores.shape[1])].append(row)

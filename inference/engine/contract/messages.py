@@ -226,7 +226,8 @@ class Finished(Message, tag="f"):
     """The last message of a generation that ended normally; `finish_reason` is "stop" or "length". `cached_tokens`
     prompt tokens were reused from the prefix cache; `kv_used` is the KV the sequence (for a session turn: its
     conversation) holds after the turn; `session_conflict` says that conversations of its session id competed, so
-    this turn could not resume the one it continues."""
+    this turn could not resume the one it continues. `grammar_complete` (None without a grammar) says whether the
+    output is a complete sentence of the request's grammar."""
 
     request_id: str
     finish_reason: str
@@ -236,6 +237,7 @@ class Finished(Message, tag="f"):
     kv_used: int
     kv_cap: int
     session_conflict: bool = False
+    grammar_complete: bool | None = None
 
 
 class Error(Message, tag="e"):

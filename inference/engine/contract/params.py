@@ -33,6 +33,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     logit_bias: dict[int, float] | None = None  # token id -> bias; -100 or less bans the token
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per token, only when logprobs is set
+    grammar: str | None = None  # an llguidance grammar (JSON) the output must follow, from response_format
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty"):

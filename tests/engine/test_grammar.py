@@ -1,0 +1,68 @@
+"""Constrained sampling (inference/engine/grammar.py, sampler.py): in one batch a row with a grammar samples only
+what its grammar allows, until the grammar is complete and only EOS is left, while a free row beside it samples
+exactly what it samples alone; compiled grammars are shared but every request starts from the start state."""
+
+import json
+
+import llguidance
+import pytest
+import torch
+
+from inference.engine.contract.params import SamplingParams
+from inference.engine.grammar import GrammarCompiler, GrammarError
+from inference.engine.sampler import SequenceSampling, sample_batch
+from inference.engine.text.tokenizer import Tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "c": {"enum": ["red", "blue"]}},
+    "required": ["n", "c"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(stories_hf_dir):
+    return Tokenizer.from_hf_dir(stories_hf_dir)
+
+
+@pytest.fixture(scope="module")
+def grammar():
+    options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=options)
+
+
+def test_a_constrained_row_follows_its_grammar_and_a_free_row_beside_it_is_untouched(tokenizer, grammar):
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
+    params = SamplingParams(temperature=1.0, seed=5)
+    constrained = SequenceSampling(params, tokenizer.vocab_size, compiler.matcher(grammar))
+    free, alone = SequenceSampling(params, tokenizer.vocab_size), SequenceSampling(params, tokenizer.vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    out, free_tokens, alone_tokens = [], [], []
+    for _ in range(100):
+        logits = torch.randn(2, tokenizer.vocab_size, generator=generator)
+        batch = sample_batch(logits, [constrained, free])
+        alone_tokens += sample_batch(logits[1:].clone(), [alone]).token_ids
+        free_tokens.append(batch.token_ids[1])
+        if batch.token_ids[0] == tokenizer.eos_token_id:
+            break
+        out.append(batch.token_ids[0])
+    assert free_tokens == alone_tokens
+    value = json.loads(tokenizer.decode(out))
+    assert set(value) == {"n", "c"} and 0 <= value["n"] <= 99 and value["c"] in ("red", "blue")
+    assert constrained.grammar.is_accepting()
+
+
+def test_each_request_starts_from_the_start_state(tokenizer, grammar):
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
+    first = SequenceSampling(SamplingParams(temperature=1.0, seed=1), tokenizer.vocab_size, compiler.matcher(grammar))
+    start = first.grammar.compute_bitmask()
+    for _ in range(4):
+        sample_batch(torch.zeros(1, tokenizer.vocab_size), [first])
+    assert first.grammar.compute_bitmask() != start  # the first request moved on
+    assert compiler.matcher(grammar).compute_bitmask() == start  # the next one starts from the start
+
+
+def test_a_grammar_that_does_not_compile_is_an_error(tokenizer):
+    with pytest.raises(GrammarError):
+        GrammarCompiler(tokenizer, tokenizer.vocab_size).matcher('{"grammars": [{"lark_grammar": "start: ("}]}')
