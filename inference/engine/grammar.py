@@ -13,6 +13,7 @@ grammar is complete the only token it allows is EOS, which ends the sequence as 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import llguidance
@@ -30,16 +31,22 @@ class GrammarError(ValueError):
 
 class GrammarCompiler:
     """Compiles grammars for one model's tokenizer and vocabulary width (the logits' width, which may exceed the
-    tokenizer's own count)."""
+    tokenizer's own count). Thread-safe: the worker prepares large requests on threads of their own, and a compiled
+    matcher must not be copied by two threads at once (llguidance raises)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int):
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._llg_tokenizer: llguidance.LLTokenizer | None = None
         self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
 
     def matcher(self, grammar: str) -> llguidance.LLMatcher:
         """A matcher for `grammar` in its start state, or GrammarError."""
+        with self._lock:
+            return self._start_state(grammar)
+
+    def _start_state(self, grammar: str) -> llguidance.LLMatcher:
         compiled = self._compiled.get(grammar)
         if compiled is None:
             compiled = llguidance.LLMatcher(self._tokenizer_view(), grammar)
