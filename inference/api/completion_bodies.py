@@ -104,7 +104,7 @@ async def complete(generations: list[Generation], ctx: CompletionContext) -> dic
 
 
 async def _choice(generation: Generation, index: int, ctx: CompletionContext) -> dict[str, Any]:
-    splitter = ReasoningSplitter()
+    splitter = ReasoningSplitter(thinking=generation.started.thinking)
     reasoning, content, logprobs = [], [], []
     async for event in generation:
         if isinstance(event, p.Tokens):
@@ -156,7 +156,7 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
         choice = {"index": index, "delta": delta, **extra, "finish_reason": finish_reason}
         return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice], **(top or {})})
 
-    splitter = ReasoningSplitter()
+    splitter = ReasoningSplitter(thinking=generation.started.thinking)
     yield chunk({"role": "assistant"})
     async for event in generation:
         if not isinstance(event, p.Tokens):

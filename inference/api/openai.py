@@ -92,6 +92,7 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             max_tokens=chat.max_tokens,
             stop=chat.stop,
             session_id=chat.session_id if i == 0 else None,
+            reasoning_budget=chat.reasoning_budget,
         )
         for i in range(chat.n)
     ]

@@ -2,8 +2,8 @@
 
 A model whose chat template lets it think writes `<think>…</think>` before its answer. The text inside goes to
 `reasoning_content`, the rest to `content`. Only an opening tag at the very start of the output (after whitespace)
-opens a think block: a template that pre-fills `<think>` into the prompt (so the output starts inside the block)
-is not detected, and its reasoning arrives as content. Tags split across pieces are held back until they resolve.
+opens a think block, unless the template opened it in the prompt (the worker says so in STARTED: `thinking`), in
+which case the output starts inside it. Tags split across pieces are held back until they resolve.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ OPEN, CLOSE = "<think>", "</think>"
 class ReasoningSplitter:
     """Feed text pieces in order with `push`; each returns (reasoning, content) text that is now certain."""
 
-    def __init__(self) -> None:
-        self._state = "start"  # start: may still open a block; think: inside one; answer: plain content
+    def __init__(self, *, thinking: bool = False) -> None:
+        self._state = "think" if thinking else "start"  # start: may still open a block; think: inside; answer: plain
         self._held = ""
-        self._after_tag = False  # newlines right after a tag belong to neither part
+        self._after_tag = thinking  # newlines right after a tag belong to neither part
 
     def push(self, text: str) -> tuple[str, str]:
         self._held += text

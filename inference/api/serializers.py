@@ -246,6 +246,10 @@ class ChatCompletionSerializer(serializers.Serializer):
     tool_choice = serializers.JSONField(required=False, allow_null=True)
     response_format = serializers.DictField(required=False, allow_null=True)
     enable_thinking = serializers.BooleanField(required=False, allow_null=True, default=None)
+    reasoning_budget = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=TOKEN_ID_LIMIT)
+    max_reasoning_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=TOKEN_ID_LIMIT
+    )
     n = serializers.IntegerField(required=False, allow_null=True, default=1)
     session_id = SessionIdField()
     prompt_cache_key = SessionIdField()  # OpenAI's name for it
@@ -297,10 +301,15 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         tools=tools,
         response_format=response_format,
         enable_thinking=data.get("enable_thinking"),
+        reasoning_budget=_first_given(data.get("reasoning_budget"), data.get("max_reasoning_tokens")),
         n=min(n, MAX_CHOICES),
         n_status="capped_to_8" if n > MAX_CHOICES else None,
         session_id=session_id,
     )
+
+
+def _first_given(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 @dataclass(slots=True)
@@ -317,6 +326,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormatPlan = field(default_factory=ResponseFormatPlan)
     enable_thinking: bool | None = None
+    reasoning_budget: int | None = None  # think tokens before </think> is forced (None: the model's; 0: unbounded)
     n: int = 1  # separate decodes, each a choice
     n_status: str | None = None  # why fewer choices than asked for come back
     session_id: str | None = None  # the session whose KV this conversation keeps between turns

@@ -34,6 +34,7 @@ from inference.engine.session_calls import SessionCall, answer
 from inference.engine.sessions import SessionTable
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
+from inference.engine.think_block import CLOSE, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
 
 # Normalization can shrink text (NFKC folds a ligature into fewer bytes), so the cheap bound allows for text that
 # shrinks by up to this factor before it refuses a prompt untokenized.
@@ -91,6 +92,8 @@ class HostedModel:
         tok = model.tokenizer
         self.template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
+        self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
+        self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
@@ -144,8 +147,10 @@ class HostedModel:
             prefill_chunk=limits.prefill_chunk,
             sessions=sessions,
         )
-        return cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
-                   window_configured=configured)  # fmt: skip
+        hosted = cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
+                     window_configured=configured)  # fmt: skip
+        hosted.reasoning_budget = options.reasoning_budget
+        return hosted
 
     def check_bound(self, req: p.Submit) -> None:
         """Refuses (prompt_too_long) a prompt that cannot fit the window, judged without tokenizing it: by its token
@@ -194,7 +199,7 @@ class HostedModel:
                 grammar = self.grammars.matcher(req.sampling.grammar)
             except GrammarError as exc:
                 raise refusal(req.request_id, Reason.BAD_REQUEST, f"the grammar does not compile: {exc}") from exc
-        return Sequence(
+        seq = Sequence(
             req.request_id,
             prompt,
             sampling=SequenceSampling(req.sampling, vocab, grammar),
@@ -205,6 +210,11 @@ class HostedModel:
             context_window=window,
             session_id=req.session_id,
         )
+        if req.messages is not None:
+            tail = model.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+            budget = self.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
+            seq.think = ThinkBlock(opened=opens_think(tail), budget=budget, close_ids=self.think_close_ids)
+        return seq
 
     def admit(self, seq: Sequence) -> None:
         """Queues a prepared sequence, or raises RequestRefused (low memory, queue full, a new session id while

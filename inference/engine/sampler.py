@@ -10,7 +10,8 @@ Semantics, row by row:
    less is a hard ban (the token can never be chosen, whatever the temperature).
 2. temperature <= 0: greedy argmax of the adjusted logits.
 3. otherwise divide by temperature, keep top_k, then top_p, then min_p (transformers' order), and draw.
-Before 2. and 3., a row with a grammar (grammar.py) has every token its grammar does not allow next set to -inf.
+Before 2. and 3., a row with a grammar (grammar.py) has every token its grammar does not allow next set to -inf,
+and a row with a `forced_token` (the close of a think block past its budget, think_block.py) can draw only that.
 Reported logprobs are log_softmax of the *raw* logits, before adjustments, grammar and temperature: they say what
 the model itself thought of the token, so they do not change with a request's sampling knobs.
 
@@ -63,14 +64,26 @@ class SequenceSampling:
     `logit_adjustments` holds, per token, what is added to its logit (bias minus penalties); it is kept up to
     date by `record`, so a sampling call only has to gather it. `sample_batch` records the tokens it draws;
     a caller that forces a token some other way records it with `record` too. `grammar`, when set, is the
-    llguidance matcher that limits what the row may sample; `record` advances it.
+    llguidance matcher that limits what the row may sample; `record` advances it. `forced_token`, when set (by the
+    scheduler, before a step), is the only token the row may draw.
     """
 
-    __slots__ = ("params", "seed", "step", "token_counts", "logit_adjustments", "grammar", "_bias", "_penalized")
+    __slots__ = (
+        "params",
+        "seed",
+        "step",
+        "token_counts",
+        "logit_adjustments",
+        "grammar",
+        "forced_token",
+        "_bias",
+        "_penalized",
+    )
 
     def __init__(self, params: SamplingParams, vocab_size: int, grammar: llguidance.LLMatcher | None = None) -> None:
         self.params = params
         self.grammar = grammar
+        self.forced_token: int | None = None
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.step = 0
         self.token_counts: dict[int, int] = {}
@@ -128,6 +141,8 @@ def sample_batch(logits: torch.Tensor, states: Sequence[SequenceSampling]) -> Sa
         scores = allowed_only(
             scores if scores is not raw else raw.clone(), constrained, [states[r].grammar for r in constrained]
         )
+    if forced := [row for row, state in enumerate(states) if state.forced_token is not None]:
+        scores = _only_forced(scores if scores is not raw else raw.clone(), forced, states)
     groups: dict[str, list[int]] = {"greedy": [], "head": [], "vocab": []}
     for row, state in enumerate(states):
         groups[_group_of(state.params, scores.shape[1])].append(row)
@@ -144,6 +159,14 @@ def sample_batch(logits: torch.Tensor, states: Sequence[SequenceSampling]) -> Sa
     for state, token_id in zip(states, token_ids, strict=True):
         state.record(token_id)
     return SampledTokens(token_ids=token_ids, logprobs=logprobs)
+
+
+def _only_forced(scores: torch.Tensor, rows: list[int], states: Sequence[SequenceSampling]) -> torch.Tensor:
+    """scores: [B, V] -> the same with `rows` allowing only their forced token (in place)."""
+    tokens = torch.tensor([states[row].forced_token for row in rows], device=scores.device)
+    only = torch.full((len(rows), scores.shape[1]), float("-inf"), dtype=scores.dtype, device=scores.device)
+    scores[rows] = only.scatter_(1, tokens[:, None], 0.0)
+    return scores
 
 
 def _group_of(params: SamplingParams, vocab: int) -> str:

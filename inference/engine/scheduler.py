@@ -168,6 +168,7 @@ class Scheduler:
                 prompt_tokens=len(s.prompt_ids),
                 cached_tokens=s.cached_tokens,
                 kv_cap=self.context_window,
+                thinking=s.think is not None and s.think.state == "open",
             )
             for s in plan.admitted
         ]
@@ -189,6 +190,8 @@ class Scheduler:
             logits.append(decoded if len(sampled_rows) == len(plan.decode) else decoded[sampled_rows])
             self._end_finalizing([s for s in plan.decode if s.finalizing])
         if rows:
+            for seq in rows:
+                seq.sampling.forced_token = None if seq.think is None else seq.think.forced_token
             sampled = sample_batch(torch.cat(logits), [s.sampling for s in rows])  # logits: [B, V]
             out += self.postprocess(rows, sampled)
         return out
@@ -239,6 +242,8 @@ class Scheduler:
         out: list[Message] = []
         for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
             text = seq.append_token(token_id)
+            if seq.think is not None:
+                seq.think.observe(text)
             lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
             out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:
@@ -260,7 +265,7 @@ class Scheduler:
             kv_used=seq.num_tokens,
             kv_cap=self.context_window,
             session_conflict=seq.session_conflict,
-            grammar_complete=None if (grammar := seq.sampling.grammar) is None else grammar.is_accepting(),
+            grammar_complete=None if (grammar := seq.grammar) is None else grammar.is_accepting(),
         )
 
     def _release(self, seq: Sequence) -> None:

@@ -11,8 +11,11 @@ from typing import TYPE_CHECKING
 
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
+from inference.engine.think_block import ThinkBlock
 
 if TYPE_CHECKING:
+    import llguidance
+
     from inference.engine.sessions import Conversation, Session
 
 STOP = "stop"
@@ -31,7 +34,7 @@ class Sequence:
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
         "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
-        "session_id", "session", "conversation", "session_conflict", "finalizing",
+        "session_id", "session", "conversation", "session_conflict", "finalizing", "think",
     )  # fmt: skip
 
     def __init__(
@@ -70,6 +73,12 @@ class Sequence:
         self.conversation: Conversation | None = None
         self.session_conflict = False
         self.finalizing = False
+        self.think: ThinkBlock | None = None  # the think block and its budget, for a chat on a think-style template
+
+    @property
+    def grammar(self) -> llguidance.LLMatcher | None:
+        """The matcher of the grammar the output must follow (None: free)."""
+        return None if self.sampling is None else self.sampling.grammar
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,7 @@ class Submit(Message, tag="S"):
     prompt_token_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None
     enable_thinking: bool | None = None
+    reasoning_budget: int | None = None  # think tokens before </think> is forced; None: the load's; 0: unbounded
     sampling: SamplingParams = SamplingParams()
     max_tokens: int = 1024
     stop: list[str] = []
@@ -189,12 +190,14 @@ class Heartbeat(Message, tag="h"):
 
 
 class Started(Message, tag="s"):
-    """A generation was admitted to a decode slot: its prompt is counted and it will now produce tokens."""
+    """A generation was admitted to a decode slot: its prompt is counted and it will now produce tokens. `thinking`:
+    the prompt opened a think block, so the output starts inside it."""
 
     request_id: str
     prompt_tokens: int
     cached_tokens: int
     kv_cap: int
+    thinking: bool = False
 
 
 class TopLogprob(msgspec.Struct, array_like=True, kw_only=True):
