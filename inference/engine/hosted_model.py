@@ -214,6 +214,8 @@ class HostedModel:
             tail = model.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
             budget = self.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
             seq.think = ThinkBlock(opened=opens_think(tail), budget=budget, close_ids=self.think_close_ids)
+            if grammar is not None and seq.think.state == "open":  # the grammar is for the answer, after the block
+                seq.sampling.grammar, seq.deferred_grammar = None, grammar
         return seq
 
     def admit(self, seq: Sequence) -> None:

@@ -244,6 +244,8 @@ class Scheduler:
             text = seq.append_token(token_id)
             if seq.think is not None:
                 seq.think.observe(text)
+                if seq.deferred_grammar is not None and seq.think.state == "closed":
+                    seq.sampling.grammar, seq.deferred_grammar = seq.deferred_grammar, None
             lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
             out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:

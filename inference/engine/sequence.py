@@ -34,7 +34,7 @@ class Sequence:
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
         "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
-        "session_id", "session", "conversation", "session_conflict", "finalizing", "think",
+        "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
     )  # fmt: skip
 
     def __init__(
@@ -74,10 +74,14 @@ class Sequence:
         self.session_conflict = False
         self.finalizing = False
         self.think: ThinkBlock | None = None  # the think block and its budget, for a chat on a think-style template
+        self.deferred_grammar: llguidance.LLMatcher | None = None  # the answer's grammar, while the prompt's think
+        # block is open (the reasoning is free); it moves to `sampling.grammar` when the block closes
 
     @property
     def grammar(self) -> llguidance.LLMatcher | None:
-        """The matcher of the grammar the output must follow (None: free)."""
+        """The matcher of the grammar the output must follow (None: free), whether it applies yet or not."""
+        if self.deferred_grammar is not None:
+            return self.deferred_grammar
         return None if self.sampling is None else self.sampling.grammar
 
     @property

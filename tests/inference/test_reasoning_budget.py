@@ -3,6 +3,9 @@ such a template): the output starts inside the block, so it is reasoning_content
 reasoning budget of 8 closes it after 8 tokens (the closing text is forced) and the rest is content, in both
 response forms, with the request's budget or the load's default."""
 
+import json
+
+import jsonschema
 import pytest
 
 from tests.inference.serving import sse_events
@@ -72,3 +75,22 @@ def test_the_stream_splits_the_same_way(api, thinking_demo):
         deltas = [e["choices"][0]["delta"] for e in sse_events(response) if isinstance(e, dict) and e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == whole["reasoning_content"]
     assert "".join(d.get("content", "") for d in deltas) == whole["content"]
+
+
+def test_a_json_schema_constrains_the_answer_after_the_think_block_not_the_reasoning(api, thinking_demo):
+    load(api, thinking_demo, "t")
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "c": {"enum": ["red", "blue"]}},
+        "required": ["n", "c"],
+        "additionalProperties": False,
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    for seed in range(3):
+        body = ask(api, seed=seed, reasoning_budget=8, max_tokens=80, response_format=response_format)
+        message = body["choices"][0]["message"]
+        assert message["reasoning_content"]  # free text, not JSON
+        jsonschema.validate(json.loads(message["content"]), schema)
+        assert (body["choices"][0]["finish_reason"], body["response_format_status"]) == ("stop", "applied")
+    cut = ask(api, seed=0, max_tokens=20, response_format=response_format)  # never leaves the think block
+    assert cut["response_format_status"] == "not_enforced"
