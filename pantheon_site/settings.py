@@ -165,6 +165,8 @@ PANTHEON_QUEUE_DEPTH = _env_int("PANTHEON_QUEUE_DEPTH", 32)
 PANTHEON_QUEUE_WAIT_S = _env_float("PANTHEON_QUEUE_WAIT_S", 30.0)
 # Prompt tokens per prefill chunk, so decode steps of other requests interleave with a long prefill.
 PANTHEON_PREFILL_CHUNK = _env_int("PANTHEON_PREFILL_CHUNK", 128)
+# A decode whose last this many tokens are one period repeated at least four times ends as repetition_loop (0: off).
+PANTHEON_REPETITION_LOOP_TOKENS = _env_int("PANTHEON_REPETITION_LOOP_TOKENS", 256)
 # Below this much free device memory a new generation is refused (503 server_memory_constrained); a load keeps it
 # free too, lowering the context window when the configured one would not fit next to the weights.
 PANTHEON_MIN_FREE_MEMORY_BYTES = _env_int("PANTHEON_MIN_FREE_MEMORY_BYTES", 256 * 1024 * 1024)
@@ -190,6 +192,11 @@ PANTHEON_SESSION_MAX_WATCHES = _env_int("PANTHEON_SESSION_MAX_WATCHES", 1024)
 PANTHEON_UNLOAD_DRAIN_TIMEOUT_S = _env_float("PANTHEON_UNLOAD_DRAIN_TIMEOUT_S", 60.0)
 # /v1 is open unless this is set; then a client, trainer or operator token is required.
 PANTHEON_REQUIRE_CLIENT_TOKENS = _env_bool("PANTHEON_REQUIRE_CLIENT_TOKENS", False)
+# Which requests with tools are grammar-constrained: "" (default) tool_choice "required" and named functions, "1"
+# also "auto" once a call opens, "0" none (spec: PANTHEON_TOOL_GRAMMAR).
+PANTHEON_TOOL_GRAMMAR = _env_str("PANTHEON_TOOL_GRAMMAR", "").strip()
+# A request without enable_thinking gets enable_thinking false when this is set, else its template's default.
+PANTHEON_NO_THINK = _env_bool("PANTHEON_NO_THINK", False)
 
 # --- Pantheon: worker processes ---------------------------------------------------------------------------------------
 

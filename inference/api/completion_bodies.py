@@ -17,10 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inference.api.reasoning import ReasoningSplitter
+from inference.api.answer_parts import AnswerParts, finish_reason
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest
 from inference.engine.contract import messages as p
+from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
 from inference.runtime.generation import EngineError, Generation
 from pantheon_site.errors import PantheonError, openai_error_body
 
@@ -51,25 +52,31 @@ def usage_body(generations: list[Generation]) -> dict[str, Any]:
 
 
 def logprobs_content(tokens: p.Tokens) -> list[dict[str, Any]]:
-    """OpenAI's `logprobs.content` entries for the tokens of one TOKENS message."""
+    """OpenAI's `logprobs.content` entries for the tokens of one TOKENS message: `token` is the text the token added
+    to the output (so the entries spell it), `bytes` the token's own bytes."""
 
     def entry(token: bytes, logprob: float) -> dict[str, Any]:
         return {"token": token.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(token)}
 
     return [
-        {**entry(lp.token, lp.logprob), "top_logprobs": [entry(t.token, t.logprob) for t in lp.top]}
+        {**entry(lp.token, lp.logprob), "token": lp.text, "top_logprobs": [entry(t.token, t.logprob) for t in lp.top]}
         for lp in tokens.logprobs or []
     ]
 
 
 class CompletionContext:
-    """What every body of one completion shares: id, creation time, the served name, the request."""
+    """What every body of one completion shares: id, creation time, the served name, the request, and the tool
+    dialect the served model writes (from its LOADED)."""
 
-    def __init__(self, chat: ChatRequest, model: str):
+    def __init__(self, chat: ChatRequest, model: str, loaded: p.Loaded | None = None):
         self.chat = chat
         self.model = model
+        self.dialect = loaded.tool_dialect if loaded is not None else DEFAULT_DIALECT
         self.id = new_completion_id()
         self.created = int(time.time())
+
+    def answer_parts(self, generation: Generation) -> AnswerParts:
+        return AnswerParts(thinking=generation.started.thinking, dialect=self.dialect, tools=self.chat.tool_plan.tools)
 
     def format_status(self, *finished: p.Finished) -> dict[str, Any]:
         """`response_format_status` for choices that ended with `finished` (empty when no response_format was sent):
@@ -104,19 +111,28 @@ async def complete(generations: list[Generation], ctx: CompletionContext) -> dic
 
 
 async def _choice(generation: Generation, index: int, ctx: CompletionContext) -> dict[str, Any]:
-    splitter = ReasoningSplitter(thinking=generation.started.thinking)
-    reasoning, content, logprobs = [], [], []
+    answer = ctx.answer_parts(generation)
+    texts: dict[str, list[str]] = {"reasoning": [], "content": []}
+    logprobs = []
     async for event in generation:
         if isinstance(event, p.Tokens):
-            r, c = splitter.push(event.text)
-            reasoning.append(r)
-            content.append(c)
+            for kind, value in answer.push(event.text):
+                if kind != "tool_call":
+                    texts[kind].append(value)
             logprobs += logprobs_content(event)
-    r, c = splitter.flush()
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) + c}
-    if reasoning_text := "".join(reasoning) + r:
+    for kind, value in answer.flush():
+        if kind != "tool_call":
+            texts[kind].append(value)
+    content = "".join(texts["content"])
+    message: dict[str, Any] = {"role": "assistant", "content": None if answer.calls and not content else content}
+    if reasoning_text := "".join(texts["reasoning"]):
         message["reasoning_content"] = reasoning_text
-    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": generation.finished.finish_reason}
+    if answer.calls:
+        message["tool_calls"] = [call.body() for call in answer.calls]
+    reason = finish_reason(generation.finished.finish_reason, answer.calls)
+    choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": reason}
+    if answer.error is not None:
+        choice["tool_call_error"] = answer.error.body()
     if ctx.chat.wants_logprobs:
         choice["logprobs"] = {"content": logprobs}
     return choice
@@ -156,23 +172,39 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
         choice = {"index": index, "delta": delta, **extra, "finish_reason": finish_reason}
         return sse({**ctx.envelope("chat.completion.chunk"), "choices": [choice], **(top or {})})
 
-    splitter = ReasoningSplitter(thinking=generation.started.thinking)
+    def part_chunks(parts: list, logprobs: list | None = None) -> list[bytes]:
+        """The chunks of `parts`; `logprobs` (the TOKENS' entries) ride the content chunk, or one of their own."""
+        chunks = []
+        for kind, value in parts:
+            if kind == "reasoning":
+                chunks.append(chunk({"reasoning_content": value}))
+            elif kind == "content":
+                extra = {"logprobs": {"content": logprobs}} if logprobs is not None else {}
+                chunks.append(chunk({"content": value}, **extra))
+                logprobs = None
+            else:
+                calls.append(value)
+                opening = {"index": len(calls) - 1, "id": value.id, "type": "function"}
+                chunks.append(chunk({"tool_calls": [{**opening, "function": {"name": value.name, "arguments": ""}}]}))
+                arguments = {"index": len(calls) - 1, "function": {"arguments": value.arguments}}
+                chunks.append(chunk({"tool_calls": [arguments]}))
+        if logprobs:
+            chunks.append(chunk({"content": ""}, logprobs={"content": logprobs}))
+        return chunks
+
+    answer = ctx.answer_parts(generation)
+    calls: list = []
     yield chunk({"role": "assistant"})
     async for event in generation:
-        if not isinstance(event, p.Tokens):
-            continue
-        reasoning, content = splitter.push(event.text)
-        if reasoning:
-            yield chunk({"reasoning_content": reasoning})
-        if content or (event.logprobs and ctx.chat.wants_logprobs):
-            extra = {"logprobs": {"content": logprobs_content(event)}} if ctx.chat.wants_logprobs else {}
-            yield chunk({"content": content}, **extra)
-    reasoning, content = splitter.flush()
-    if reasoning:
-        yield chunk({"reasoning_content": reasoning})
-    if content:
-        yield chunk({"content": content})
-    yield chunk({}, generation.finished.finish_reason, top=ctx.format_status(generation.finished))
+        if isinstance(event, p.Tokens):
+            logprobs = logprobs_content(event) if ctx.chat.wants_logprobs else None
+            for event_chunk in part_chunks(answer.push(event.text), logprobs):
+                yield event_chunk
+    for event_chunk in part_chunks(answer.flush()):
+        yield event_chunk
+    extra = {"tool_call_error": answer.error.body()} if answer.error is not None else {}
+    reason = finish_reason(generation.finished.finish_reason, answer.calls)
+    yield chunk({}, reason, top=ctx.format_status(generation.finished), **extra)
 
 
 async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from inference.engine.contract import messages as p
 from inference.runtime.engine_client import ModelPlacement
 
@@ -27,6 +29,15 @@ def _max_sessions(placement: ModelPlacement) -> int:
     return placement.load.limits.max_sessions
 
 
+def _required_with_thinking(info: p.Loaded | None) -> bool | None:
+    """Whether `tool_choice: "required"` may be sent with thinking on and still reason freely: the call grammar is
+    armed (PANTHEON_TOOL_GRAMMAR is not 0) and held back until the think block closes, which the worker does when
+    the template opens that block in the prompt (a block the output opens itself would be refused by the grammar)."""
+    if info is None:
+        return None
+    return settings.PANTHEON_TOOL_GRAMMAR != "0" and info.think_in_prompt
+
+
 def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
     """One entry of GET /v1/models."""
     info = placement.info
@@ -39,7 +50,7 @@ def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
         "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "context_window": info.context_window if info else None,
-        "tool_choice_required_with_thinking": False,
+        "tool_choice_required_with_thinking": _required_with_thinking(info),
     }
     return {k: v for k, v in row.items() if v is not None}
 
@@ -60,6 +71,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "path": info.path if info else placement.load.path,
         "format": info.format if info else None,
         "architecture": info.architecture if info else None,
+        "tool_dialect": info.tool_dialect if info else None,
         "device": placement.device,
         "dies": _dies(placement.device),
         "dtype": info.dtype if info else None,

@@ -56,7 +56,7 @@ async def chat_completions(request):
     try:
         allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
         model = await router.route(chat.model, allow_load=allow_load)
-        ctx = CompletionContext(chat, model)
+        ctx = CompletionContext(chat, model, router.placements()[model].info)
         try:
             generations = await submit_choices(router.client, chat, model, ctx.id)
         except EngineError as exc:
@@ -86,7 +86,9 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
             model=model,
             messages=chat.messages,
-            tools=chat.tools,
+            tools=chat.tool_plan.tools,
+            tool_grammar=chat.tool_plan.grammar,
+            tool_function=chat.tool_plan.function,
             enable_thinking=chat.enable_thinking,
             sampling=chat.sampling_for_choice(i),
             max_tokens=chat.max_tokens,

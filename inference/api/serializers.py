@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from rest_framework import serializers
 
 from inference.api.response_format import ResponseFormatPlan, plan_response_format
+from inference.api.tool_choice import ToolPlan, plan_tools
 from inference.engine.contract.params import SEED_LIMIT, TOKEN_ID_LIMIT, TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams
 from pantheon_site.errors import InvalidRequest, as_pantheon_error
 
@@ -267,10 +269,8 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         max_tokens = MAX_TOKENS_DEFAULT
     elif max_tokens <= 0:
         max_tokens = MAX_TOKENS_NONPOSITIVE
-    tools = data.get("tools") or None
-    if data.get("tool_choice") == "none":
-        tools = None
-    response_format = plan_response_format(data.get("response_format"), tools_present=tools is not None)
+    tool_plan = plan_tools(data.get("tools") or None, data.get("tool_choice"))
+    response_format = plan_response_format(data.get("response_format"), tools_present=tool_plan.tools is not None)
     try:
         sampling = SamplingParams(
             temperature=data["temperature"],
@@ -298,14 +298,21 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         stop=data["stop"],
         stream=data["stream"],
         include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
-        tools=tools,
+        tool_plan=tool_plan,
         response_format=response_format,
-        enable_thinking=data.get("enable_thinking"),
+        enable_thinking=_enable_thinking(data.get("enable_thinking")),
         reasoning_budget=_first_given(data.get("reasoning_budget"), data.get("max_reasoning_tokens")),
         n=min(n, MAX_CHOICES),
         n_status="capped_to_8" if n > MAX_CHOICES else None,
         session_id=session_id,
     )
+
+
+def _enable_thinking(requested: bool | None) -> bool | None:
+    """The request's enable_thinking; absent, false when PANTHEON_NO_THINK is set, else the template's default."""
+    if requested is None and settings.PANTHEON_NO_THINK:
+        return False
+    return requested
 
 
 def _first_given(*values: Any) -> Any:
@@ -323,7 +330,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tool_plan: ToolPlan = field(default_factory=ToolPlan)
     response_format: ResponseFormatPlan = field(default_factory=ResponseFormatPlan)
     enable_thinking: bool | None = None
     reasoning_budget: int | None = None  # think tokens before </think> is forced (None: the model's; 0: unbounded)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import llguidance
+
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
@@ -34,7 +36,9 @@ from inference.engine.session_calls import SessionCall, answer
 from inference.engine.sessions import SessionTable
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
+from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
 from inference.engine.think_block import CLOSE, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
+from inference.engine.tool_grammar import tool_call_grammar
 
 # Normalization can shrink text (NFKC folds a ligature into fewer bytes), so the cheap bound allows for text that
 # shrinks by up to this factor before it refuses a prompt untokenized.
@@ -72,6 +76,15 @@ def chat_prompt_ids(
     return tok.encode(text, add_special_tokens=not wrote_bos)
 
 
+def _probe_render(template: ChatTemplate) -> str:
+    """A one-turn conversation with thinking on, rendered (empty when the template refuses it): what a model's
+    template writes around every prompt (its BOS, an opened think block)."""
+    try:
+        return template.render([{"role": "user", "content": "hi"}], enable_thinking=True)
+    except TemplateError:
+        return ""
+
+
 def prompt_text_length(req: p.Submit) -> int:
     """Characters of the chat messages' text that a template writes out whole (see BOUNDED_ROLES)."""
     texts = (m.get("content") for m in req.messages or () if m.get("role") in BOUNDED_ROLES)
@@ -91,6 +104,18 @@ class HostedModel:
         self.scheduler = scheduler
         tok = model.tokenizer
         self.template = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token)
+        # A request with tools uses the tokenizer's "tool_use" template when it has one (Hermes-style configs).
+        tool_source = tok.chat_templates.get("tool_use")
+        self.tool_template = ChatTemplate(tool_source, tok.bos_token, tok.eos_token) if tool_source else self.template
+        probe = _probe_render(self.template)
+        self.tool_dialect = choose_dialect(
+            self.tool_template.source,
+            name=name,
+            architecture=model.config.architecture,
+            template_writes_bos=bool(tok.bos_token) and probe.startswith(tok.bos_token),
+        )
+        self.tool_tokens = frozenset(m for m in DIALECT_MARKUP[self.tool_dialect] if tok.is_added_token(m))
+        self.think_in_prompt = opens_think(probe)
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
         self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
@@ -145,6 +170,7 @@ class HostedModel:
             queue_depth=limits.queue_depth,
             queue_timeout=limits.queue_timeout,
             prefill_chunk=limits.prefill_chunk,
+            repetition_span=limits.repetition_span,
             sessions=sessions,
         )
         hosted = cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
@@ -178,9 +204,7 @@ class HostedModel:
             prompt = list(req.prompt_token_ids)
         else:
             try:
-                prompt = chat_prompt_ids(
-                    model, req.messages, template=self.template, tools=req.tools, enable_thinking=req.enable_thinking
-                )
+                prompt = self._chat_prompt(req)
             except TemplateError as exc:
                 raise refusal(req.request_id, Reason.BAD_REQUEST, str(exc)) from exc
         vocab = model.runner.vocab_size
@@ -194,9 +218,9 @@ class HostedModel:
             )  # fmt: skip
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         grammar = None
-        if req.sampling.grammar is not None:
+        if (grammar_text := self._grammar_text(req)) is not None:
             try:
-                grammar = self.grammars.matcher(req.sampling.grammar)
+                grammar = self.grammars.matcher(grammar_text)
             except GrammarError as exc:
                 raise refusal(req.request_id, Reason.BAD_REQUEST, f"the grammar does not compile: {exc}") from exc
         seq = Sequence(
@@ -215,8 +239,31 @@ class HostedModel:
             budget = self.reasoning_budget if req.reasoning_budget is None else req.reasoning_budget
             seq.think = ThinkBlock(opened=opens_think(tail), budget=budget, close_ids=self.think_close_ids)
             if grammar is not None and seq.think.state == "open":  # the grammar is for the answer, after the block
-                seq.sampling.grammar, seq.deferred_grammar = None, grammar
+                seq.defer_grammar()
         return seq
+
+    def _chat_prompt(self, req: p.Submit) -> list[int]:
+        """The prompt of a chat SUBMIT: with tools, the tool template renders them if it reads `tools`, else they
+        and the conversation's calls are written as text in the model's dialect (tool_prompt.py)."""
+        messages, tools, template = req.messages, req.tools, self.template
+        if any(m.get("tool_calls") or m.get("role") == "tool" for m in messages) or tools:
+            template = self.tool_template
+            if template.reads_tools:
+                messages = with_decoded_arguments(messages)
+            else:
+                messages, tools = with_tools_as_text(messages, tools, self.tool_dialect), None
+        thinking = req.enable_thinking
+        return chat_prompt_ids(self.model, messages, template=template, tools=tools, enable_thinking=thinking)
+
+    def _grammar_text(self, req: p.Submit) -> str | None:
+        """The llguidance grammar a SUBMIT's output must follow: its tool-call grammar, else its response_format's."""
+        if req.tool_grammar is None or not req.tools:
+            return req.sampling.grammar
+        lark = tool_call_grammar(
+            self.tool_dialect, req.tools, mode=req.tool_grammar, function=req.tool_function,
+            single_tokens=self.tool_tokens,
+        )  # fmt: skip
+        return None if lark is None else llguidance.LLMatcher.grammar_from_lark(lark)
 
     def admit(self, seq: Sequence) -> None:
         """Queues a prepared sequence, or raises RequestRefused (low memory, queue full, a new session id while
@@ -261,6 +308,8 @@ class HostedModel:
             max_concurrent=scheduler.max_concurrent,
             load_seconds=time.monotonic() - started,
             weights_version=model.weights_version,
+            tool_dialect=self.tool_dialect,
+            think_in_prompt=self.think_in_prompt,
         )
 
     def status(self) -> p.ModelStatus:

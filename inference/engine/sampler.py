@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 
@@ -105,11 +105,28 @@ class SequenceSampling:
         self.step += 1
         if self.grammar is not None:
             self.grammar.consume_token(token_id)
-        count = self.token_counts.get(token_id, 0) + 1
-        self.token_counts[token_id] = count
+        self.token_counts[token_id] = self.token_counts.get(token_id, 0) + 1
         if self._penalized:
-            penalty = count * self.params.frequency_penalty + self.params.presence_penalty
-            self.logit_adjustments[token_id] = self._bias.get(token_id, 0.0) - penalty
+            self.logit_adjustments[token_id] = self._adjustment(token_id)
+
+    def refuse(self, token_ids: Iterable[int]) -> None:
+        """Bans `token_ids` until `allow` lifts the ban (stop tokens, while a turn may not end yet)."""
+        for token_id in token_ids:
+            self.logit_adjustments[token_id] = -math.inf
+
+    def allow(self, token_ids: Iterable[int]) -> None:
+        """Lifts `refuse`: the tokens get their bias and penalties back."""
+        for token_id in token_ids:
+            if adjustment := self._adjustment(token_id):
+                self.logit_adjustments[token_id] = adjustment
+            else:
+                self.logit_adjustments.pop(token_id, None)
+
+    def _adjustment(self, token_id: int) -> float:
+        """What is added to a token's logit: its bias minus its penalties for the times it was generated."""
+        count = self.token_counts.get(token_id, 0)
+        penalty = count * self.params.frequency_penalty + self.params.presence_penalty if count else 0.0
+        return self._bias.get(token_id, 0.0) - penalty
 
 
 @dataclass(slots=True)

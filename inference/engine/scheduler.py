@@ -29,6 +29,7 @@ import torch
 from inference.engine.contract.messages import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
 from inference.engine.contract.reasons import Reason
 from inference.engine.model.runner import ModelRunner
+from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
 from inference.engine.sessions import SessionTable
@@ -49,7 +50,9 @@ class Scheduler:
     """Owns a model's running and waiting sequences and their KV slots.
 
     `max_concurrent` sequences run (decode) at once, at most the runner's slot count; `queue_depth` more may wait;
-    one that waits longer than `queue_timeout` seconds is refused (queue_timeout).
+    one that waits longer than `queue_timeout` seconds is refused (queue_timeout). Every sequence added gets a
+    detector of loops over its last `repetition_span` tokens (repetition.py; 0: none), so a decode stuck repeating
+    itself ends with finish_reason "repetition_loop" rather than running on to `max_tokens`.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class Scheduler:
         queue_depth: int = 0,
         queue_timeout: float = 30.0,
         prefill_chunk: int = 128,
+        repetition_span: int = 0,
         sessions: SessionTable | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -74,6 +78,7 @@ class Scheduler:
         self.queue_depth = queue_depth
         self.queue_timeout = queue_timeout
         self.prefill_chunk = prefill_chunk
+        self.repetition_span = repetition_span
         self.clock = clock
         self.sessions = sessions  # None: session ids are ignored (every turn still reuses cached prefixes)
         self.waiting: deque[Sequence] = deque()
@@ -96,8 +101,11 @@ class Scheduler:
         return len(self.running) + len(self.waiting) >= self.max_concurrent + self.queue_depth
 
     def add(self, seq: Sequence) -> None:
-        """Queues a sequence; the caller checked `is_full()` and that the prompt fits the window."""
+        """Queues a sequence, armed with this model's repetition detector; the caller checked `is_full()` and that
+        the prompt fits the window."""
         seq.arrival = self.clock()
+        if self.repetition_span:
+            seq.repetition = RepetitionDetector(self.repetition_span)
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
@@ -245,8 +253,12 @@ class Scheduler:
             if seq.think is not None:
                 seq.think.observe(text)
                 if seq.deferred_grammar is not None and seq.think.state == "closed":
-                    seq.sampling.grammar, seq.deferred_grammar = seq.deferred_grammar, None
-            lps = None if logprobs is None else [self._token_logprob(token_id, logprobs)]
+                    seq.arm_deferred_grammar()
+            lps = None
+            if logprobs is not None:  # a stop token ends the turn and is not part of the text: it has no entry
+                lps = (
+                    [] if token_id in seq.stop_token_ids else [self._token_logprob(token_id, seq.token_text, logprobs)]
+                )
             out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:
                 if seq.conversation is not None and seq.slot is not None:
@@ -279,7 +291,7 @@ class Scheduler:
             self.runner.free_slot(seq.slot)
         seq.slot = None
 
-    def _token_logprob(self, token_id: int, lp: TokenLogprobs) -> TokenLogprob:
+    def _token_logprob(self, token_id: int, text: str, lp: TokenLogprobs) -> TokenLogprob:
         token_bytes = self.tokenizer.token_bytes
         top = [TopLogprob(token_id=tid, token=token_bytes(tid), logprob=value) for tid, value in lp.top]
-        return TokenLogprob(token_id=token_id, token=token_bytes(token_id), logprob=lp.logprob, top=top)
+        return TokenLogprob(token_id=token_id, token=token_bytes(token_id), text=text, logprob=lp.logprob, top=top)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.think_block import ThinkBlock
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 STOP = "stop"
 LENGTH = "length"
+REPETITION_LOOP = "repetition_loop"
 
 
 class Sequence:
@@ -28,13 +30,16 @@ class Sequence:
     finish it stays `finalizing` for one step, which writes its last token's KV so the next turn finds it.
 
     `context_window` is the context window: prompt and output together never exceed it, and a generation that reaches
-    it ends with finish_reason "length", as one that reaches `max_tokens` does.
+    it ends with finish_reason "length", as one that reaches `max_tokens` does. With a `repetition` detector (the
+    scheduler arms one), a generation whose output ends in a loop ends with finish_reason "repetition_loop".
     """
 
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
         "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
+        "token_text",
+        "repetition",
     )  # fmt: skip
 
     def __init__(
@@ -73,9 +78,22 @@ class Sequence:
         self.conversation: Conversation | None = None
         self.session_conflict = False
         self.finalizing = False
+        self.token_text = ""  # the text the last appended token added to the decoded output (before stop strings)
         self.think: ThinkBlock | None = None  # the think block and its budget, for a chat on a think-style template
         self.deferred_grammar: llguidance.LLMatcher | None = None  # the answer's grammar, while the prompt's think
         # block is open (the reasoning is free); it moves to `sampling.grammar` when the block closes
+        self.repetition: RepetitionDetector | None = None  # None: a loop runs on to max_tokens
+
+    def defer_grammar(self) -> None:
+        """Holds the grammar back while the prompt's think block is open (the reasoning is free); the turn cannot
+        end meanwhile, since the grammar's answer must still come."""
+        self.deferred_grammar, self.sampling.grammar = self.sampling.grammar, None
+        self.sampling.refuse(self.stop_token_ids)
+
+    def arm_deferred_grammar(self) -> None:
+        """The think block closed: the answer follows the grammar, which decides when it may end."""
+        self.sampling.grammar, self.deferred_grammar = self.deferred_grammar, None
+        self.sampling.allow(self.stop_token_ids)
 
     @property
     def grammar(self) -> llguidance.LLMatcher | None:
@@ -108,19 +126,28 @@ class Sequence:
     def append_token(self, token_id: int) -> str:
         """Records a sampled token; returns the text it releases to the client (possibly empty).
 
-        Sets `finish_reason` when the token is a stop token, completes a stop string, or uses up `max_tokens` or
-        the context window. On finishing, everything still held back is released (cut before a stop string).
+        Sets `finish_reason` when the token is a stop token, completes a stop string, closes a repetition loop, or
+        uses up `max_tokens` or the context window, in that order of precedence. On finishing, everything still held
+        back is released (cut before a stop string).
         """
         if self.is_finished:
             raise RuntimeError(f"sequence {self.request_id} already finished ({self.finish_reason})")
         self.output_ids.append(token_id)
         if token_id in self.stop_token_ids:
             self.finish_reason = STOP
+            self.token_text = ""
             return self._release(self.detokenizer.flush(), final=True)
-        text = self._release(self.detokenizer.push(token_id), final=False)
-        if not self.is_finished and (len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.context_window):
-            self.finish_reason = LENGTH
-            text += self._release(self.detokenizer.flush(), final=True)
+        self.token_text = self.detokenizer.push(token_id)
+        text = self._release(self.token_text, final=False)
+        if not self.is_finished:
+            if self.repetition is not None and self.repetition.push(token_id):
+                self.finish_reason = REPETITION_LOOP
+            elif len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.context_window:
+                self.finish_reason = LENGTH
+            if self.is_finished:
+                rest = self.detokenizer.flush()
+                self.token_text += rest
+                text += self._release(rest, final=True)
         return text
 
     def _release(self, new_text: str, *, final: bool) -> str:

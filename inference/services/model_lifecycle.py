@@ -119,6 +119,7 @@ def serving_limits(options: LoadOptions) -> ServingLimits:
         max_sessions=(options.max_sessions or max_concurrent) if settings.PANTHEON_SESSIONS else 0,
         session_idle_ttl=settings.PANTHEON_SESSION_IDLE_TTL_S,
         watch_grace=settings.PANTHEON_SESSION_WATCH_GRACE_S,
+        repetition_span=settings.PANTHEON_REPETITION_LOOP_TOKENS,
     )
 
 

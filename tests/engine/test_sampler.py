@@ -255,3 +255,15 @@ def test_a_request_without_seed_gets_its_own_random_seed_and_steps_advance():
     sample_batch(logits, [first, second])
     sample_batch(logits, [first, second])
     assert first.step == 2 and sum(first.token_counts.values()) == 2
+
+
+def test_refused_tokens_are_never_drawn_until_allowed_again_with_their_bias_and_penalties_back():
+    state = SequenceSampling(SamplingParams(temperature=0, logit_bias={3: 5.0}, frequency_penalty=1.0), vocab_size=8)
+    logits = torch.zeros(1, 8)
+    logits[0, 2] = 3.0
+    state.record(2)  # penalised once: 3.0 - 1.0 - 0 = 2.0, still below token 3's 5.0
+    state.refuse([3])
+    assert sample_batch(logits, [state]).token_ids == [2]
+    state.allow([3])
+    assert state.logit_adjustments == {3: 5.0, 2: -2.0}
+    assert sample_batch(logits, [state]).token_ids == [3]

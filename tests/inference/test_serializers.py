@@ -88,8 +88,34 @@ def test_seed_is_kept_within_63_bits():
 
 def test_tool_choice_none_drops_tools():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    assert chat(tools=tools).tools == tools
-    assert chat(tools=tools, tool_choice="none").tools is None
+    assert chat(tools=tools).tool_plan.tools == tools
+    assert chat(tools=tools, tool_choice="none").tool_plan.tools is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "choice", "grammar", "function"),
+    [
+        ("", "auto", None, None),
+        ("", "required", "required", None),
+        ("", {"type": "function", "function": {"name": "g"}}, "required", "g"),
+        ("1", "auto", "auto", None),
+        ("1", "required", "required", None),
+        ("0", "required", None, None),
+        ("0", {"type": "function", "function": {"name": "g"}}, None, None),
+    ],
+)
+def test_pantheon_tool_grammar_decides_what_is_constrained(settings, setting, choice, grammar, function):
+    settings.PANTHEON_TOOL_GRAMMAR = setting
+    tools = [{"type": "function", "function": {"name": n}} for n in ("f", "g")]
+    plan = chat(tools=tools, tool_choice=choice).tool_plan
+    assert (plan.tools, plan.grammar, plan.function) == (tools, grammar, function)
+
+
+def test_pantheon_no_think_turns_thinking_off_unless_the_request_asks(settings):
+    assert chat().enable_thinking is None
+    settings.PANTHEON_NO_THINK = True
+    assert chat().enable_thinking is False
+    assert chat(enable_thinking=True).enable_thinking is True
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ import msgspec
 
 from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
+from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
 
 
 class ProtocolError(ValueError):
@@ -54,6 +55,8 @@ class Submit(Message, tag="S"):
     messages: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_grammar: ToolGrammarMode | None = None  # constrain the calls to `tools` (None: free)
+    tool_function: str | None = None  # with tool_grammar "required": the one function that may be called
     enable_thinking: bool | None = None
     reasoning_budget: int | None = None  # think tokens before </think> is forced; None: the load's; 0: unbounded
     sampling: SamplingParams = SamplingParams()
@@ -207,11 +210,15 @@ class TopLogprob(msgspec.Struct, array_like=True, kw_only=True):
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, kw_only=True):
-    """The log-probability of one chosen token and, when asked for, the best alternatives at its position."""
+    """The log-probability of one chosen token and, when asked for, the best alternatives at its position. `text` is
+    what the token added to the decoded output: its bytes as text, except where decoding differs (a SentencePiece
+    first token's leading space is dropped; a token that ends in half a UTF-8 character adds it only with the next
+    token), so the chosen tokens' texts spell the output exactly."""
 
     token_id: int
     token: bytes
     logprob: float
+    text: str = ""
     top: list[TopLogprob] = []
 
 
@@ -226,10 +233,10 @@ class Tokens(Message, tag="t"):
 
 
 class Finished(Message, tag="f"):
-    """The last message of a generation that ended normally; `finish_reason` is "stop" or "length". `cached_tokens`
-    prompt tokens were reused from the prefix cache; `kv_used` is the KV the sequence (for a session turn: its
-    conversation) holds after the turn; `session_conflict` says that conversations of its session id competed, so
-    this turn could not resume the one it continues. `grammar_complete` (None without a grammar) says whether the
+    """The last message of a generation that ended normally; `finish_reason` is "stop", "length" or "repetition_loop".
+    `cached_tokens` prompt tokens were reused from the prefix cache; `kv_used` is the KV the sequence (for a session
+    turn: its conversation) holds after the turn; `session_conflict` says that conversations of its session id competed,
+    so this turn could not resume the one it continues. `grammar_complete` (None without a grammar) says whether the
     output is a complete sentence of the request's grammar."""
 
     request_id: str
@@ -272,6 +279,8 @@ class Loaded(Message, tag="l"):
     max_concurrent: int
     load_seconds: float
     weights_version: int  # changes whenever the served weights change; session blobs carry it
+    tool_dialect: ToolDialect = DEFAULT_DIALECT  # how the model writes tool calls (the control plane parses them)
+    think_in_prompt: bool = False  # the chat template opens the think block in the prompt when thinking is on
 
 
 class Unloaded(Message, tag="u"):

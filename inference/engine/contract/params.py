@@ -89,7 +89,10 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     The KV cache is a pool of `block_size`-position blocks, `kv_pool_tokens` positions in all (0: room for
     `max_concurrent` sequences at the full context window). `max_sessions` session ids may keep KV between turns
     (0: sessions are off, the session routes answer session_caching_disabled); an idle one is released after
-    `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed."""
+    `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
+
+    A decode whose last `repetition_span` tokens repeat one period at least four times is ended with finish_reason
+    "repetition_loop" (0: never; repetition.py)."""
 
     max_concurrent: int = 1
     queue_depth: int = 0
@@ -101,6 +104,7 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     max_sessions: int = 0
     session_idle_ttl: float = 12 * 3600.0
     watch_grace: float = 45.0
+    repetition_span: int = 0
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.prefill_chunk < 1 or self.block_size < 1:
@@ -111,3 +115,5 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError("kv_pool_tokens and max_sessions must not be negative")
         if not self.session_idle_ttl >= 0 or not self.watch_grace >= 0:
             raise ValueError("session_idle_ttl and watch_grace must not be negative")
+        if self.repetition_span < 0:
+            raise ValueError("repetition_span must be 0 (off) or positive")

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.meta
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -83,8 +84,11 @@ class ChatTemplate:
         self.source = CHATML_TEMPLATE if source is None else source
         # An unset special token stays undefined (renders as ""), as in transformers.
         self._tokens = {name: value for name, value in (("bos_token", bos_token), ("eos_token", eos_token)) if value}
+        env = _environment()
         try:
-            self._template = _environment().from_string(self.source)
+            self._template = env.from_string(self.source)
+            # Whether the template renders `tools` itself; one that does not gets them as text (tool_prompt.py).
+            self.reads_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.source))
         except jinja2.TemplateSyntaxError as exc:
             raise TemplateError(f"chat template does not compile: {exc} (line {exc.lineno})") from exc
 

@@ -120,6 +120,11 @@ class Tokenizer:
         """True for special tokens (BOS, EOS, `<|im_end|>`...), which `decode` drops with skip_special_tokens."""
         return token_id in self._special_ids
 
+    def is_added_token(self, text: str) -> bool:
+        """Whether `text` is one added token (markup such as `<tool_call>`), which grammars must name as a token."""
+        token_id = self.backend.token_to_id(text)
+        return token_id is not None and token_id in self._added_ids
+
     def is_byte_piece(self, token_id: int) -> bool:
         """True for a byte-fallback token (`<0xNN>`): its text depends on the byte tokens around it."""
         return token_id in self._byte_pieces

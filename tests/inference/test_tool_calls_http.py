@@ -1,0 +1,240 @@
+"""Tool calling over HTTP on the random-weight demo model, whose free output is noise: only the grammar can make it a
+call. `tool_choice: "required"` and a named function always give one call to an offered tool (the named one) whose
+arguments validate, side by side with unconstrained requests in one batch; the stream reassembles to the same
+message; an output cut inside a call reports `tool_call_error`; malformed tools and choices are 400 before anything
+runs; the openai package's whole flow (tools -> tool_calls -> tool message -> answer) works, streaming and not; and
+the turn after a call resumes the session's cache, so the call and its result rendered back as the model wrote them.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.inference.serving import sse_events
+from tests.inference.session_turns import error_of, load
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 1, "maxLength": 8},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": -99, "maximum": 99},
+        "b": {"type": "integer", "minimum": -99, "maximum": 99},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}},
+]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED_ADD = {"type": "function", "function": {"name": "add"}}
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    from inference.engine.demo_model import write_demo_model  # torch: only the test process imports it
+
+    return write_demo_model(tmp_path_factory.mktemp("demo"))
+
+
+def ask(api: httpx.Client, **body) -> httpx.Response:
+    request = {"model": "demo", "messages": MESSAGES, "max_tokens": 200, "temperature": 1.0, **body}
+    return api.post("/v1/chat/completions", json=request)
+
+
+def assert_one_valid_call(body: dict, name: str | None = None) -> dict:
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    message = choice["message"]
+    assert message["content"] is None and "tool_call_error" not in choice
+    [call] = message["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] in SCHEMAS and (name is None or call["function"]["name"] == name)
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    return call
+
+
+def test_required_and_named_always_call_an_offered_tool_beside_free_requests(api, demo_dir):
+    load(api, demo_dir, "demo", max_concurrent=8)
+
+    def constrained(seed: int) -> tuple[str | None, dict]:
+        name = "add" if seed % 2 else None
+        choice = NAMED_ADD if name else "required"
+        response = ask(api, tools=TOOLS, tool_choice=choice, seed=seed)
+        assert response.status_code == 200, response.text
+        return name, response.json()
+
+    def free(seed: int) -> dict:
+        response = ask(api, seed=seed, max_tokens=40, tools=TOOLS)  # tools offered, choice auto: not constrained
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    with ThreadPoolExecutor(8) as pool:
+        free_runs = [pool.submit(free, seed) for seed in range(10)]
+        runs = list(pool.map(constrained, range(30)))
+    ids = [assert_one_valid_call(body, name)["id"] for name, body in runs]
+    assert len(set(ids)) == len(ids)
+    free_choices = [f.result()["choices"][0] for f in free_runs]
+    assert all(c["finish_reason"] in ("stop", "length") and isinstance(c["message"]["content"], str)
+               for c in free_choices)  # fmt: skip
+
+
+def stream_message(api: httpx.Client, **body) -> tuple[dict, str, list[dict]]:
+    """A streamed completion reassembled: (message, finish_reason, the chunks)."""
+    request = {"model": "demo", "messages": MESSAGES, "max_tokens": 200, "temperature": 1.0, "stream": True, **body}
+    with api.stream("POST", "/v1/chat/completions", json=request) as response:
+        assert response.status_code == 200
+        chunks = [e for e in sse_events(response) if isinstance(e, dict)]
+    content, calls = [], []
+    for chunk in chunks:
+        delta = chunk["choices"][0]["delta"]
+        content.append(delta.get("content") or "")
+        for call in delta.get("tool_calls") or []:
+            if "id" in call:
+                assert call["index"] == len(calls)
+                calls.append({"id": call["id"], "type": call["type"], "function": dict(call["function"])})
+            else:
+                calls[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
+    message = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message, chunks[-1]["choices"][0]["finish_reason"], chunks
+
+
+def without_ids(message: dict) -> dict:
+    calls = [{k: v for k, v in call.items() if k != "id"} for call in message.get("tool_calls", [])]
+    return {**message, "tool_calls": calls}
+
+
+def test_the_stream_reassembles_to_the_same_message(api, demo_dir):
+    load(api, demo_dir, "demo")
+    for seed, choice in [(3, "required"), (4, NAMED_ADD)]:
+        whole = ask(api, tools=TOOLS, tool_choice=choice, seed=seed).json()
+        message, finish_reason, chunks = stream_message(api, tools=TOOLS, tool_choice=choice, seed=seed)
+        assert finish_reason == whole["choices"][0]["finish_reason"] == "tool_calls"
+        assert without_ids(message) == without_ids(whole["choices"][0]["message"])
+        openings = [c for c in chunks if "id" in (c["choices"][0]["delta"].get("tool_calls") or [{}])[0]]
+        assert openings[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] == ""
+
+
+def test_an_output_cut_inside_the_call_reports_tool_call_error(api, demo_dir):
+    load(api, demo_dir, "demo")
+    body = ask(api, tools=TOOLS, tool_choice="required", seed=1, max_tokens=6).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert "tool_calls" not in choice["message"] and not choice["message"]["content"]
+    assert choice["tool_call_error"]["code"] == "unfinished_call"
+    message, finish_reason, chunks = stream_message(api, tools=TOOLS, tool_choice="required", seed=1, max_tokens=6)
+    assert finish_reason == "length" and chunks[-1]["choices"][0]["tool_call_error"] == choice["tool_call_error"]
+    assert "tool_calls" not in message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "missing"}}},
+        {"tools": TOOLS, "tool_choice": "always"},
+        {"tools": TOOLS, "tool_choice": {"type": "function"}},
+        {"tools": TOOLS, "tool_choice": ["required"]},
+        {"tool_choice": "required"},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": "an object"}}]},
+        {"tools": [{"type": "retrieval"}]},
+        {"tools": [{"type": "function", "function": {"description": "no name"}}]},
+    ],
+)
+def test_malformed_tools_and_choices_are_400(api, demo_dir, fields):
+    load(api, demo_dir, "demo")
+    assert error_of(ask(api, **fields)) == (400, "invalid_request_error")
+
+
+def test_tool_choice_none_offers_no_tools(api, demo_dir):
+    load(api, demo_dir, "demo")
+    body = ask(api, tools=TOOLS, tool_choice="none", seed=2, max_tokens=30).json()
+    assert "tool_calls" not in body["choices"][0]["message"]
+    assert body["usage"]["prompt_tokens"] == ask(api, seed=2, max_tokens=1).json()["usage"]["prompt_tokens"]
+
+
+def test_the_openai_package_runs_the_whole_tool_flow_streaming_and_not(server, api, demo_dir):
+    load(api, demo_dir, "demo")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    first = client.chat.completions.create(
+        model="demo", messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=11, temperature=1.0, max_tokens=200
+    )
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name in SCHEMAS
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    history = [
+        *MESSAGES,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
+    final = client.chat.completions.create(model="demo", messages=history, tools=TOOLS, seed=1, max_tokens=20)
+    assert final.choices[0].finish_reason in ("stop", "length") and isinstance(final.choices[0].message.content, str)
+
+    stream = client.chat.completions.create(
+        model="demo", messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=11, temperature=1.0,
+        max_tokens=200, stream=True,
+    )  # fmt: skip
+    names, arguments, finish = {}, {}, None
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            if delta.function.name:
+                names[delta.index] = delta.function.name
+            arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert (names[0], arguments[0]) == (call.function.name, call.function.arguments)  # the same seed, both ways
+
+
+def test_the_turn_after_a_call_resumes_the_session(api, demo_dir):
+    load(api, demo_dir, "demo")
+    first = ask(api, tools=TOOLS, tool_choice="required", seed=5, session_id="tools-1").json()
+    call = assert_one_valid_call(first)
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "21 degrees"},
+    ]
+    second = ask(api, messages=history, tools=TOOLS, seed=5, max_tokens=8, session_id="tools-1").json()
+    usage = first["usage"]
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # the whole first turn, prompt and call, is reused (its very last token may be recomputed)
+    assert cached >= usage["prompt_tokens"] + usage["completion_tokens"] - 1
+
+
+def test_v1_models_reports_whether_required_may_think(api, demo_dir):
+    load(api, demo_dir, "demo")
+    [row] = api.get("/v1/models").json()["data"]
+    assert row["tool_choice_required_with_thinking"] is False  # the demo template does not open the think block
+    assert api.get("/admin/models").json()["data"][0]["tool_dialect"] == "hermes"
+
+
+def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_dir):
+    from inference.api.tool_calls import parse_tool_calls
+
+    load(api, demo_dir, "demo")
+    body = ask(api, tools=TOOLS, tool_choice="required", seed=9, logprobs=True, top_logprobs=20).json()
+    [call] = body["choices"][0]["message"]["tool_calls"]
+    entries = body["choices"][0]["logprobs"]["content"]
+    assert len(entries) == body["usage"]["completion_tokens"] - 1  # every token but the one that ended the turn
+    assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 20 for e in entries)
+    _, [parsed], _ = parse_tool_calls("hermes", TOOLS, "".join(e["token"] for e in entries))
+    assert (parsed.name, parsed.arguments) == (call["function"]["name"], call["function"]["arguments"])
