@@ -5,8 +5,9 @@ reasoning already split off, api/reasoning.py) to a `ToolCallParser` and gets ba
 and the calls each piece completed. Text that may still open a call is held back until it resolves, so no part of a
 call's markup reaches the client as content, and the result never depends on how the text was split. A call that
 cannot be used (unparsable, naming a tool that was not offered, bad arguments, cut off) is left out, and the first
-such problem is kept as `error`: the response reports it as the choice's `tool_call_error`. Whitespace around calls
-is dropped, so an answer that is only calls has no content.
+such problem is kept as `error`: the response reports it as the choice's `tool_call_error`. Whitespace right after a
+call is dropped, and whitespace before one is kept only if more text follows the call (it then separates the text
+around it), so an answer that is only calls has no content.
 """
 
 from __future__ import annotations
@@ -389,8 +390,9 @@ class ToolCallParser:
         self.calls: list[ToolCall] = []
         self.error: ToolCallError | None = None
         self._held = ""  # text not decided yet: it starts where a call may start
-        self._space = ""  # whitespace read: content only if more content follows it
+        self._space = ""  # whitespace read (before a call, too): content only if more content follows it
         self._after_call = False  # whitespace right after a call is dropped
+        self._markup_seen = False  # a call (parsed or not) was read: whitespace at the very end is dropped
         self._line_start = True  # whether the held text starts a line (or follows a call)
 
     def push(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -399,7 +401,7 @@ class ToolCallParser:
 
     def flush(self) -> tuple[str, list[ToolCall]]:
         content, calls = self._scan(final=True)
-        if not self.calls:
+        if not self._markup_seen:
             content += self._space
         self._space = ""
         return content, calls
@@ -443,7 +445,8 @@ class ToolCallParser:
         return released
 
     def _markup(self, outcomes: list[Outcome]) -> list[ToolCall]:
-        self._space, self._after_call, self._line_start = "", True, True
+        # whitespace before the call stays held: it separates the text around the call if text follows
+        self._after_call, self._line_start, self._markup_seen = True, True, True
         calls = [outcome for outcome in outcomes if isinstance(outcome, ToolCall)]
         self.calls += calls
         errors = [outcome for outcome in outcomes if isinstance(outcome, ToolCallError)]

@@ -19,28 +19,7 @@ from inference.engine.sampler import SequenceSampling, sample_batch
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, format_call
 from inference.engine.tool_grammar import tool_call_grammar
-
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 1, "maxLength": 8},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {"a": {"type": "integer", "minimum": -9, "maximum": 9}, "b": {"type": "number"}},
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "add", "parameters": ADD}},
-]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+from tests.tool_schemas import SCHEMAS, TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +60,7 @@ def test_a_call_as_the_dialect_writes_it_is_what_required_allows(tokenizer, dial
     assert accepts(
         tokenizer, dialect, format_call(dialect, "get_weather", {"city": "Oslo", "days": 1}), mode="required"
     )
-    assert accepts(tokenizer, dialect, format_call(dialect, "add", {"a": -2, "b": 2.5}), mode="required")
+    assert accepts(tokenizer, dialect, format_call(dialect, "add", {"a": -2, "b": 25}), mode="required")
     assert not accepts(tokenizer, dialect, format_call(dialect, "nope", {"a": 1, "b": 2}), mode="required")
     assert not accepts(tokenizer, dialect, format_call(dialect, "get_weather", {"city": "Paris", "days": 9}),
                        mode="required")  # fmt: skip

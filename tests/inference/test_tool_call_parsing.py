@@ -96,7 +96,7 @@ CASES = {
             "Let me check.\n\n"
             '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>\n\n'
             "One moment.",
-            "Let me check.One moment.",
+            "Let me check.\n\nOne moment.",
             [PARIS],
             None,
         ),
@@ -161,7 +161,7 @@ CASES = {
         "text around": (
             "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
             "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\nDone.\n",
-            "Let me check.Done.",
+            "Let me check.\nDone.",
             [PARIS],
             None,
         ),
@@ -255,7 +255,7 @@ CASES = {
         "text around": (
             'Checking. <function name="get_weather"><param name="city">Paris</param>'
             '<param name="days">3</param></function> Back soon.',
-            "Checking.Back soon.",
+            "Checking. Back soon.",
             [PARIS],
             None,
         ),
@@ -305,7 +305,7 @@ CASES = {
         "single": ('{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}', None, [PARIS], None),
         "fenced, text around": (
             'I will check.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n```\nDone.',
-            "I will check.Done.",
+            "I will check.\nDone.",
             [PARIS],
             None,
         ),
@@ -465,7 +465,7 @@ def test_content_before_a_call_is_released_at_once():
     assert parser.push('_call>\n{"name": "get_time", "argu') == ("", [])
     text, calls = parser.push('ments": {}}\n</tool_call>\n')
     assert (text, [call.name for call in calls]) == ("", ["get_time"])
-    assert parser.push("\nDone") == ("Done", [])
+    assert parser.push("\nDone") == (" Done", [])  # the space before the call separates the text around it
     assert parser.flush() == ("", [])
 
 

@@ -16,33 +16,10 @@ import pytest
 
 from tests.inference.serving import sse_events
 from tests.inference.session_turns import error_of, load
+from tests.tool_schemas import SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 1, "maxLength": 8},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
-ADD = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": -99, "maximum": 99},
-        "b": {"type": "integer", "minimum": -99, "maximum": 99},
-    },
-    "required": ["a", "b"],
-    "additionalProperties": False,
-}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}},
-]
-SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED_ADD = {"type": "function", "function": {"name": "add"}}
 

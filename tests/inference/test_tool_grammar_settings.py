@@ -13,7 +13,8 @@ from tokenizers import Tokenizer
 
 from tests.inference.serving import operator_client
 from tests.inference.session_turns import load
-from tests.inference.test_tool_calls_http import MESSAGES, SCHEMAS, TOOLS, assert_one_valid_call
+from tests.inference.test_tool_calls_http import MESSAGES, assert_one_valid_call
+from tests.tool_schemas import SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
