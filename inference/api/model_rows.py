@@ -32,10 +32,10 @@ def _max_sessions(placement: ModelPlacement) -> int:
 def _required_with_thinking(info: p.Loaded | None) -> bool | None:
     """Whether `tool_choice: "required"` may be sent with thinking on and still reason freely: the call grammar is
     armed (PANTHEON_TOOL_GRAMMAR is not 0) and held back until the think block closes, which the worker does when
-    the template opens that block in the prompt (a block the output opens itself would be refused by the grammar)."""
+    the template opens the block in the prompt or the model can open it with a `<think>` token of its own."""
     if info is None:
         return None
-    return settings.PANTHEON_TOOL_GRAMMAR != "0" and info.think_in_prompt
+    return settings.PANTHEON_TOOL_GRAMMAR != "0" and info.thinks_before_grammar
 
 
 def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:

@@ -68,9 +68,11 @@ class GrammarCompiler:
         return self._llg_tokenizer
 
 
-def allowed_only(scores: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
+def allowed_only(
+    scores: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher], exempt: list[int | None]
+) -> torch.Tensor:
     """scores: [B, V] -> the same with every token that `matchers[i]` does not allow next set to -inf in row
-    `rows[i]` (in place).
+    `rows[i]` (in place), except `exempt[i]` (None: none), which keeps its score.
 
     The bitmask is unpacked here rather than by llguidance's apply helper, which is built with torch.compile: its
     first call takes seconds on a CPU and needs a C++ compiler."""
@@ -80,6 +82,9 @@ def allowed_only(scores: torch.Tensor, rows: list[int], matchers: list[llguidanc
         llg_torch.fill_next_token_bitmask(matcher, bitmask, i)
     bits = (bitmask.to(scores.device).unsqueeze(-1) >> _bit_positions(scores.device)) & 1  # [R, W, 32]
     allowed = bits.flatten(1)[:, :vocab].bool()
+    for i, token in enumerate(exempt):
+        if token is not None:
+            allowed[i, token] = True
     scores[rows] = scores[rows].masked_fill(~allowed, float("-inf"))
     return scores
 

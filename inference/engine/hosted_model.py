@@ -37,7 +37,7 @@ from inference.engine.sessions import SessionTable
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
-from inference.engine.think_block import CLOSE, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
+from inference.engine.think_block import CLOSE, OPEN, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
 from inference.engine.tool_grammar import tool_call_grammar
 
 # Normalization can shrink text (NFKC folds a ligature into fewer bytes), so the cheap bound allows for text that
@@ -116,6 +116,8 @@ class HostedModel:
         )
         self.tool_tokens = frozenset(m for m in DIALECT_MARKUP[self.tool_dialect] if tok.is_added_token(m))
         self.think_in_prompt = opens_think(probe)
+        # The token that opens a think block, when the tokenizer has one: a constrained answer may start with it.
+        self.think_open_id = tok.backend.token_to_id(OPEN) if tok.is_added_token(OPEN) else None
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
         self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
@@ -240,6 +242,9 @@ class HostedModel:
             seq.think = ThinkBlock(opened=opens_think(tail), budget=budget, close_ids=self.think_close_ids)
             if grammar is not None and seq.think.state == "open":  # the grammar is for the answer, after the block
                 seq.defer_grammar()
+            elif grammar is not None and req.enable_thinking and self.think_open_id is not None:
+                # thinking asked for: the output may open the block itself before the grammar's answer
+                seq.sampling.grammar_exempt = self.think_open_id
         return seq
 
     def _chat_prompt(self, req: p.Submit) -> list[int]:
@@ -309,7 +314,7 @@ class HostedModel:
             load_seconds=time.monotonic() - started,
             weights_version=model.weights_version,
             tool_dialect=self.tool_dialect,
-            think_in_prompt=self.think_in_prompt,
+            thinks_before_grammar=self.think_in_prompt or self.think_open_id is not None,
         )
 
     def status(self) -> p.ModelStatus:

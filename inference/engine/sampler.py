@@ -64,8 +64,10 @@ class SequenceSampling:
     `logit_adjustments` holds, per token, what is added to its logit (bias minus penalties); it is kept up to
     date by `record`, so a sampling call only has to gather it. `sample_batch` records the tokens it draws;
     a caller that forces a token some other way records it with `record` too. `grammar`, when set, is the
-    llguidance matcher that limits what the row may sample; `record` advances it. `forced_token`, when set (by the
-    scheduler, before a step), is the only token the row may draw.
+    llguidance matcher that limits what the row may sample; `record` advances it. `grammar_exempt`, when set, is one
+    token the row may draw as its first instead of what the grammar allows, unseen by the grammar (the `<think>` that
+    opens a think block before a constrained answer). `forced_token`, when set (by the scheduler, before a step), is
+    the only token the row may draw.
     """
 
     __slots__ = (
@@ -75,6 +77,7 @@ class SequenceSampling:
         "token_counts",
         "logit_adjustments",
         "grammar",
+        "grammar_exempt",
         "forced_token",
         "_bias",
         "_penalized",
@@ -83,6 +86,7 @@ class SequenceSampling:
     def __init__(self, params: SamplingParams, vocab_size: int, grammar: llguidance.LLMatcher | None = None) -> None:
         self.params = params
         self.grammar = grammar
+        self.grammar_exempt: int | None = None
         self.forced_token: int | None = None
         self.seed = params.seed if params.seed is not None else secrets.randbits(63)
         self.step = 0
@@ -103,7 +107,8 @@ class SequenceSampling:
     def record(self, token_id: int) -> None:
         """Account for one generated token: advance the step, update its penalty and the grammar's state."""
         self.step += 1
-        if self.grammar is not None:
+        exempt, self.grammar_exempt = self.grammar_exempt, None  # only ever for the first token
+        if self.grammar is not None and token_id != exempt:
             self.grammar.consume_token(token_id)
         self.token_counts[token_id] = self.token_counts.get(token_id, 0) + 1
         if self._penalized:
@@ -155,8 +160,9 @@ def sample_batch(logits: torch.Tensor, states: Sequence[SequenceSampling]) -> Sa
     raw = logits.float()
     scores = _adjusted(raw, states)
     if constrained := [row for row, state in enumerate(states) if state.grammar is not None]:
+        exempt = [states[r].grammar_exempt for r in constrained]
         scores = allowed_only(
-            scores if scores is not raw else raw.clone(), constrained, [states[r].grammar for r in constrained]
+            scores if scores is not raw else raw.clone(), constrained, [states[r].grammar for r in constrained], exempt
         )
     if forced := [row for row, state in enumerate(states) if state.forced_token is not None]:
         scores = _only_forced(scores if scores is not raw else raw.clone(), forced, states)

@@ -254,6 +254,8 @@ class Scheduler:
                 seq.think.observe(text)
                 if seq.deferred_grammar is not None and seq.think.state == "closed":
                     seq.arm_deferred_grammar()
+                elif seq.think.state == "open" and seq.sampling.grammar is not None:  # the output opened the block
+                    seq.defer_grammar()
             lps = None
             if logprobs is not None:  # a stop token ends the turn and is not part of the text: it has no entry
                 lps = (

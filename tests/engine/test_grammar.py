@@ -66,3 +66,16 @@ def test_each_request_starts_from_the_start_state(tokenizer, grammar):
 def test_a_grammar_that_does_not_compile_is_an_error(tokenizer):
     with pytest.raises(GrammarError):
         GrammarCompiler(tokenizer, tokenizer.vocab_size).matcher('{"grammars": [{"lark_grammar": "start: ("}]}')
+
+
+def test_the_exempt_token_may_come_first_unseen_by_the_grammar_and_only_first(tokenizer, grammar):
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
+    state = SequenceSampling(SamplingParams(temperature=0), tokenizer.vocab_size, compiler.matcher(grammar))
+    start = state.grammar.compute_bitmask()
+    exempt = tokenizer.encode("Once", add_special_tokens=False)[-1]  # no JSON starts with it
+    logits = torch.zeros(2, tokenizer.vocab_size)
+    logits[:, exempt] = 50.0
+    state.grammar_exempt = exempt
+    assert sample_batch(logits[:1], [state]).token_ids == [exempt]
+    assert state.grammar.compute_bitmask() == start and not state.grammar.is_error()  # the grammar did not see it
+    assert sample_batch(logits[1:], [state]).token_ids != [exempt]  # from the second token on, the grammar rules

@@ -197,11 +197,16 @@ def test_the_turn_after_a_call_resumes_the_session(api, demo_dir):
     assert cached >= usage["prompt_tokens"] + usage["completion_tokens"] - 1
 
 
-def test_v1_models_reports_whether_required_may_think(api, demo_dir):
+def test_v1_models_reports_whether_required_may_think(api, demo_dir, stories_hf_dir):
     load(api, demo_dir, "demo")
-    [row] = api.get("/v1/models").json()["data"]
-    assert row["tool_choice_required_with_thinking"] is False  # the demo template does not open the think block
-    assert api.get("/admin/models").json()["data"][0]["tool_dialect"] == "hermes"
+    load(api, stories_hf_dir, "stories")
+    rows = {row["id"]: row for row in api.get("/v1/models").json()["data"]}
+    assert rows["demo"]["tool_choice_required_with_thinking"] is True  # its vocabulary has a <think> token
+    assert rows["stories"]["tool_choice_required_with_thinking"] is False  # no think block to wait for
+    dialects = {row["id"]: row["tool_dialect"] for row in api.get("/admin/models").json()["data"]}
+    # the demo template writes <tool_call>; stories260K's writes no call markup, but it is a Llama whose template
+    # writes the BOS, which the spec takes for MiniCPM
+    assert dialects == {"demo": "hermes", "stories": "minicpm"}
 
 
 def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_dir):

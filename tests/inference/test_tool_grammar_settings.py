@@ -26,10 +26,14 @@ def demo_dir(tmp_path_factory):
     return write_demo_model(tmp_path_factory.mktemp("demo"))
 
 
+def bias(demo_dir, token: str, value: float) -> dict[str, float]:
+    return {str(Tokenizer.from_file(str(demo_dir / "tokenizer.json")).token_to_id(token)): value}
+
+
 @pytest.fixture(scope="module")
 def opener_bias(demo_dir) -> dict[str, float]:
     """A logit bias that makes the demo model open calls often."""
-    return {str(Tokenizer.from_file(str(demo_dir / "tokenizer.json")).token_to_id("<tool_call>")): 6.0}
+    return bias(demo_dir, "<tool_call>", 6.0)
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +92,17 @@ def test_required_with_thinking_reasons_freely_then_calls(api, thinking_demo):
         body = chat(api, model="t", seed=seed, tool_choice="required", reasoning_budget=8, max_tokens=200)
         assert body["choices"][0]["message"]["reasoning_content"]
         assert_one_valid_call(body)
+
+
+def test_with_thinking_on_the_output_may_open_its_own_think_block_before_the_call(api, demo_dir):
+    """The demo template leaves the think block to the model; a bias makes it open one (it is a single token)."""
+    load(api, demo_dir, "demo")
+    thinking = bias(demo_dir, "<think>", 12.0)
+    for seed in range(4):
+        body = chat(api, seed=seed, tool_choice="required", enable_thinking=True, reasoning_budget=8,
+                    logit_bias=thinking, max_tokens=200)  # fmt: skip
+        assert body["choices"][0]["message"]["reasoning_content"]
+        assert_one_valid_call(body)
+    body = chat(api, seed=0, tool_choice="required", logit_bias=thinking)  # thinking not asked for: no block
+    assert "reasoning_content" not in body["choices"][0]["message"]
+    assert_one_valid_call(body)

@@ -280,7 +280,9 @@ class Loaded(Message, tag="l"):
     load_seconds: float
     weights_version: int  # changes whenever the served weights change; session blobs carry it
     tool_dialect: ToolDialect = DEFAULT_DIALECT  # how the model writes tool calls (the control plane parses them)
-    think_in_prompt: bool = False  # the chat template opens the think block in the prompt when thinking is on
+    # A think block may come before a grammar's answer (its template opens the block in the prompt, or the model
+    # opens it with its one `<think>` token): the grammar then waits for `</think>`.
+    thinks_before_grammar: bool = False
 
 
 class Unloaded(Message, tag="u"):
