@@ -42,7 +42,7 @@ class ReasoningSplitter:
                     reasoning += self._held[:end]
                     self._held, self._state, self._after_tag = self._held[end + len(CLOSE) :], "answer", True
                     continue
-                keep = _partial_suffix(self._held, CLOSE)
+                keep = partial_suffix(self._held, CLOSE)
                 reasoning += self._held[: len(self._held) - keep]
                 self._held = self._held[len(self._held) - keep :]
                 break
@@ -59,8 +59,9 @@ class ReasoningSplitter:
         return "", held
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest suffix of `text` that is a proper prefix of `tag`."""
+def partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest suffix of `text` that is a proper prefix of `tag`: text a streaming parser holds
+    back, since the next piece may complete the tag (the tool-call parser uses it too)."""
     for length in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:length]):
             return length

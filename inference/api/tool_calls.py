@@ -17,6 +17,7 @@ import re
 import secrets
 from dataclasses import asdict, dataclass
 
+from inference.api.reasoning import partial_suffix
 from inference.engine.contract.tool_dialect import DIALECTS, ToolDialect
 
 
@@ -118,20 +119,12 @@ def _strip_newlines(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:length]):
-            return length
-    return 0
-
-
 def _first_opener(text: str, openers: tuple[str, ...]) -> int:
     """Where the first of `openers` starts in `text`, or where `text` ends in the start of one; else len(text)."""
     first = len(text)
     for opener in openers:
         found = text.find(opener)
-        first = min(first, len(text) if found < 0 else found, len(text) - _partial_suffix(text, opener))
+        first = min(first, len(text) if found < 0 else found, len(text) - partial_suffix(text, opener))
     return first
 
 
