@@ -15,6 +15,7 @@ from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import LENGTH, REPETITION_LOOP, STOP, Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
+from tests.engine.test_sequence import feed
 
 SPAN = 32
 
@@ -92,15 +93,6 @@ def looping_sequence(tokenizer, *, span, stop=(), max_tokens=1000):
     )
     seq.repetition = RepetitionDetector(span)
     return seq
-
-
-def feed(seq, ids):
-    pieces = []
-    for token_id in ids:
-        pieces.append(seq.append_token(token_id))
-        if seq.is_finished:
-            break
-    return pieces
 
 
 def test_a_sequence_ends_as_repetition_loop_and_releases_its_held_text(tokenizer):
