@@ -6,6 +6,7 @@ from inference.api import admin, health, openai, sessions
 
 urlpatterns = [
     path("", health.health),
+    path("api/health/detailed", health.health_detailed),
     path("v1/models", openai.list_models),
     path("v1/chat/completions", openai.chat_completions),
     path("admin/models", admin.list_instances),

@@ -5,8 +5,9 @@ handler (DRF views) and Django's handler404/400/500 (set in urls.py) all end in 
 answers in its envelope with the spec's status, `type` and headers. Two envelopes exist:
 
 * OpenAI-style `{"error": {"message", "type", "code": null}}` for `/`, `/v1/*`, `/admin/*`, `/session/*`;
-* management-style `{"success": false, "data": null, "error": {...}}` for `/api/weights/*` — not built yet: it will
-  get its own render function next to `openai_error_body`, chosen in `error_response` by path.
+* management-style `{"success": false, "data": null, "error": {"code", "message", "reason", "details"}}` for
+  `/api/weights/*`: a `ManagementError` (weights/errors.py) renders itself so, and `handler404` answers an unknown
+  path under /api/weights/ in it too.
 """
 
 import math
@@ -23,6 +24,7 @@ class PantheonError(Exception):
 
     status: int = 500
     type: str = "server_error"
+    code: str | None = None  # the OpenAI envelope's `code` (null unless the error names one)
     default_message: str = "internal server error"
 
     def __init__(self, message: str | None = None, *, reason: str = "", headers: dict[str, str] | None = None):
@@ -172,6 +174,21 @@ class ModelReloading(_RetryableError):
     status, type, default_message = 503, "model_reloading", "the model is being reloaded after a worker crash"
 
 
+class WeightsTorn(_RetryableError):
+    """503: the model's weights are torn (a commit overran the watchdog or broke off); nothing is served until
+    POST /api/weights/load restores them. Not in the spec's /v1 table (docs/api/choices.md)."""
+
+    status, type = 503, "weights_torn"
+    default_message = "the weights are torn; they are restored with POST /api/weights/load"
+
+
+class WeightsUnsaved(PantheonError):
+    """409 weights_unsaved (typed invalid_request_error): loading the named model would discard the resident
+    model's commits that no checkpoint records. Nothing was loaded or unloaded."""
+
+    status, type, code = 409, "invalid_request_error", "weights_unsaved"
+
+
 class ServerError(PantheonError):
     """500: the generation failed (worker died, out of memory, an engine error)."""
 
@@ -213,9 +230,26 @@ class Forbidden(PantheonError):
     status, type, default_message = 403, "forbidden", "this token's role may not call this route"
 
 
+class ManagementError(PantheonError):
+    """An error of the management API (/api/weights/*): the spec's `code` (NOT_ATTACHED, WEIGHTS_TORN, ...), its
+    `reason` when the spec names one, and `details`; rendered in the management envelope."""
+
+    type = "management_error"
+
+    def __init__(self, code: str, message: str, *, status: int, reason: str = "", details: dict | None = None,
+                 headers: dict[str, str] | None = None):  # fmt: skip
+        self.code, self.status, self.details = code, status, dict(details or {})
+        super().__init__(message, reason=reason, headers=headers)
+
+
+def management_error_body(exc: ManagementError) -> dict:
+    error = {"code": exc.code, "message": exc.message, "reason": exc.reason or None, "details": exc.details}
+    return {"success": False, "data": None, "error": error}
+
+
 def openai_error_body(exc: PantheonError, *, streaming: bool = False) -> dict:
     """The OpenAI envelope; `streaming` adds the fields a terminal SSE error event carries (kv_used, kv_cap)."""
-    error = {"message": exc.message, "type": exc.type, "code": None}
+    error = {"message": exc.message, "type": exc.type, "code": exc.code}
     if streaming:
         error.update(exc.stream_fields())
     return {"error": error}
@@ -223,7 +257,8 @@ def openai_error_body(exc: PantheonError, *, streaming: bool = False) -> dict:
 
 def error_response(exc: PantheonError) -> JsonResponse:
     """The one renderer of an error as an HTTP response: status, envelope, headers."""
-    response = JsonResponse(openai_error_body(exc), status=exc.status)
+    body = management_error_body(exc) if isinstance(exc, ManagementError) else openai_error_body(exc)
+    response = JsonResponse(body, status=exc.status)
     for name, value in exc.headers.items():
         response[name] = value
     return response
@@ -273,8 +308,13 @@ def handler403(request, exception=None):
     return error_response(Forbidden())
 
 
+MANAGEMENT_PREFIX = "/api/weights/"
+
+
 def handler404(request, exception=None):
-    """Any path no route matches: 404 not_found "unknown route"."""
+    """Any path no route matches: 404 not_found "unknown route" (in the management envelope under /api/weights/)."""
+    if request.path.startswith(MANAGEMENT_PREFIX):
+        return error_response(ManagementError("NOT_FOUND", "unknown route", status=404))
     return error_response(NotFound())
 
 

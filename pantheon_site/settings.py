@@ -220,3 +220,16 @@ PANTHEON_RETRY_AFTER_RELOAD_S = _env_float("PANTHEON_RETRY_AFTER_RELOAD_S", 5.0)
 PANTHEON_RETRY_AFTER_SESSION_S = _env_float("PANTHEON_RETRY_AFTER_SESSION_S", 30.0)
 # How long a load may take in the worker before the control plane reports load_failed.
 PANTHEON_LOAD_TIMEOUT_S = _env_float("PANTHEON_LOAD_TIMEOUT_S", 600.0)
+
+# The weights barrier (spec: "Weights: attachment and the step barrier", Timers; names kept from the spec): a quiesce
+# left open resumes after WEIGHTS_HOLD_TIMEOUT_S; a commit open longer than WEIGHTS_COMMIT_WATCHDOG_MS tears the set;
+# an attachment without a heartbeat for WEIGHTS_HEARTBEAT_TIMEOUT_S is stale; quiesce waits up to
+# WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S for running requests; attach suggests a heartbeat every
+# WEIGHTS_HEARTBEAT_INTERVAL_HINT_S.
+WEIGHTS_HOLD_TIMEOUT_S = _env_float("WEIGHTS_HOLD_TIMEOUT_S", 5.0)
+WEIGHTS_COMMIT_WATCHDOG_MS = _env_float("WEIGHTS_COMMIT_WATCHDOG_MS", 800.0)
+WEIGHTS_HEARTBEAT_TIMEOUT_S = _env_float("WEIGHTS_HEARTBEAT_TIMEOUT_S", 30.0)
+WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S = _env_float("WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S", 60.0)
+WEIGHTS_HEARTBEAT_INTERVAL_HINT_S = _env_float("WEIGHTS_HEARTBEAT_INTERVAL_HINT_S", 5.0)
+# Where POST /api/weights/save writes checkpoints (<run_id>/step-<N>/).
+PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_DATA_DIR / "checkpoints"))).resolve()

@@ -5,6 +5,7 @@ from django.urls import include, path
 # The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*) are added here by the apps that own them.
 urlpatterns = [
     path("", include("inference.urls")),
+    path("", include("weights.urls")),
 ]
 
 handler400 = "pantheon_site.errors.handler400"

@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class WeightsConfig(AppConfig):
-    """Weights attachment and checkpoints; no models or routes yet."""
+    """Weights attachment (the barrier routes), checkpoints and their lineage."""
 
     name = "weights"
     verbose_name = "Weights"

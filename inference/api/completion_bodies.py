@@ -68,9 +68,10 @@ class CompletionContext:
     """What every body of one completion shares: id, creation time, the served name, the request, and the tool
     dialect the served model writes (from its LOADED)."""
 
-    def __init__(self, chat: ChatRequest, model: str, loaded: p.Loaded | None = None):
+    def __init__(self, chat: ChatRequest, model: str, loaded: p.Loaded | None = None, millm_model: str | None = None):
         self.chat = chat
         self.model = model
+        self.millm_model = millm_model  # which weights answer (X-miLLM-Model; a stream's terminal chunk)
         self.dialect = loaded.tool_dialect if loaded is not None else DEFAULT_DIALECT
         self.id = new_completion_id()
         self.created = int(time.time())
@@ -86,6 +87,10 @@ class CompletionContext:
             return {}
         complete = None if plan.grammar is None else all(f.grammar_complete for f in finished)
         return {"response_format_status": plan.final_status(complete)}
+
+    def terminal_fields(self, terminal: bool) -> dict[str, Any]:
+        """`millm_model` on a stream's terminal chunk (the last before [DONE])."""
+        return {"millm_model": self.millm_model} if terminal and self.millm_model else {}
 
     def envelope(self, obj: str) -> dict[str, Any]:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -163,7 +168,8 @@ async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -
                 yield error_event(as_api_error(exc))
                 return
     if ctx.chat.include_usage:
-        yield sse({**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)})
+        usage = {**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)}
+        yield sse(usage | ctx.terminal_fields(True))
     yield sse("[DONE]")
 
 
@@ -204,7 +210,8 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
         yield event_chunk
     extra = {"tool_call_error": answer.error.body()} if answer.error is not None else {}
     reason = finish_reason(generation.finished.finish_reason, answer.calls)
-    yield chunk({}, reason, top=ctx.format_status(generation.finished), **extra)
+    terminal = index == ctx.chat.n - 1 and not ctx.chat.include_usage
+    yield chunk({}, reason, top=ctx.format_status(generation.finished) | ctx.terminal_fields(terminal), **extra)
 
 
 async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:

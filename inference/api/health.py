@@ -1,10 +1,14 @@
-"""GET /: the cheapest route, answering "what am I running?"."""
+"""GET /: the cheapest route, answering "what am I running?"; GET /api/health/detailed: that, the served models and
+the weights barrier's summary (docs/schemas/health-detailed.json)."""
 
+from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
 from inference.api.methods import only
 from inference.runtime.engine_client import installed_client
 from inference.runtime.host_probe import backend, build_id, dies_visible
+from inference.runtime.router import installed_router
+from weights.status import health_summary
 
 
 @only("GET")
@@ -12,5 +16,38 @@ async def health(request):
     """Always 200: service, status, backend, build, accelerator, dies_visible."""
     client = installed_client()  # None in a process without the engine: still healthy, with 0 dies
     dies = dies_visible(client)
-    return JsonResponse({"service": "pantheon", "status": "ok", "backend": backend(client), "build": build_id(),
-                         "accelerator": dies > 0, "dies_visible": dies})  # fmt: skip
+    return JsonResponse(
+        {
+            "service": "pantheon",
+            "status": "ok",
+            "backend": backend(client),
+            "build": build_id(),
+            "accelerator": dies > 0,
+            "dies_visible": dies,
+        }
+    )
+
+
+@only("GET")
+async def health_detailed(request):
+    """No token: GET /'s fields, every served model's name and state, and the weights summary (weights/status.py)."""
+    client = installed_client()
+    router = installed_router()
+    dies = dies_visible(client)
+    try:
+        weights = await sync_to_async(health_summary)(router)
+    except Exception as exc:  # the spec: "or error when they could not be read"
+        weights = {"error": f"{type(exc).__name__}: {exc}"}
+    models = [] if router is None else [{"name": n, "state": pl.state} for n, pl in sorted(router.placements().items())]
+    return JsonResponse(
+        {
+            "service": "pantheon",
+            "status": "ok",
+            "backend": backend(client),
+            "build": build_id(),
+            "accelerator": dies > 0,
+            "dies_visible": dies,
+            "models": models,
+            "weights": weights,
+        }
+    )

@@ -31,6 +31,7 @@ from pantheon_site.errors import (
     SessionCachingDisabled,
     SessionNotFound,
     UnloadFailed,
+    WeightsTorn,
     WeightsVersionMismatch,
 )
 
@@ -64,6 +65,7 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.SESSION_BUSY: Refusal(SessionBusy),
     Reason.BAD_SESSION_BLOB: Refusal(BadSessionBlob),
     Reason.WEIGHTS_VERSION_MISMATCH: Refusal(WeightsVersionMismatch),
+    Reason.WEIGHTS_TORN: Refusal(WeightsTorn, retry_after_setting="WEIGHTS_HOLD_TIMEOUT_S"),
     Reason.ALREADY_LOADED: Refusal(LoadFailed, 409),
     Reason.CHECKPOINT_NOT_FOUND: Refusal(LoadFailed, 404),
     Reason.BAD_CHECKPOINT: Refusal(LoadFailed, 400),

@@ -10,7 +10,8 @@ runs long ones on its preparation thread) and `admit` (memory and queue, on the 
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
@@ -39,6 +40,9 @@ from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
 from inference.engine.think_block import CLOSE, OPEN, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
 from inference.engine.tool_grammar import tool_call_grammar
+
+if TYPE_CHECKING:
+    from inference.engine.weights.barrier import WeightsBarrier
 
 # Normalization can shrink text (NFKC folds a ligature into fewer bytes), so the cheap bound allows for text that
 # shrinks by up to this factor before it refuses a prompt untokenized.
@@ -128,6 +132,7 @@ class HostedModel:
 
         self.unload: p.Unload | None = None
         self.deadline = 0.0
+        self.barrier: WeightsBarrier | None = None  # the worker sets it once the model is loaded
 
     @classmethod
     def load(cls, req: p.Load, device: str) -> HostedModel:
@@ -147,8 +152,12 @@ class HostedModel:
         if window < min(MIN_WINDOW, configured):
             raise MemoryError(f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
                               f"left after the weights and the {limits.min_free_memory}-byte reserve")  # fmt: skip
+        # An attachable load keeps its weights where a trainer can map them (engine/weights/); a GGUF file or an
+        # int8 load never is, and loads as usual (attach then says why).
+        attachable = limits.attachable and not options.quantize and Path(req.path).is_dir()
         model = load_model(
             req.path,
+            attachable=attachable,
             device=device,
             dtype=options.dtype or None,
             quantize=options.quantize,
@@ -315,6 +324,7 @@ class HostedModel:
             weights_version=model.weights_version,
             tool_dialect=self.tool_dialect,
             thinks_before_grammar=self.think_in_prompt or self.think_open_id is not None,
+            weights=self.barrier.snapshot(),
         )
 
     def status(self) -> p.ModelStatus:

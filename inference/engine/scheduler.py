@@ -84,6 +84,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.paused = False
+        self.forward_steps = 0  # forward passes run so far (the weights barrier shows none runs while it holds)
         self.prefill_tok_per_s = 0.0  # measured: a moving average over prefill steps
 
     @property
@@ -182,6 +183,8 @@ class Scheduler:
         ]
         rows: list[Sequence] = []
         logits: list[torch.Tensor] = []
+        if plan.prefills or plan.decode:
+            self.forward_steps += 1
         if plan.prefills:
             started = time.perf_counter()
             last = self._prefill(plan.prefills)  # [P, V]
@@ -208,6 +211,7 @@ class Scheduler:
         """Runs now the decode that keeps the last token's KV of every finished session turn (the next step would),
         so that a session call answered between steps sees those turns ended."""
         if finalizing := [s for s in self.running if s.finalizing]:
+            self.forward_steps += 1
             self.runner.decode([s.slot for s in finalizing], [s.last_token for s in finalizing])
             self._end_finalizing(finalizing)
 

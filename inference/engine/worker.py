@@ -27,6 +27,8 @@ from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
 from inference.engine.sequence import Sequence
+from inference.engine.weights.barrier import WeightsBarrier
+from inference.engine.weights.served_weights import ServedWeights
 
 HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
 # A CPU model with fewer weight bytes than this steps on one thread: its ops take microseconds, less than waking and
@@ -110,7 +112,9 @@ class Worker:
         preparing or draining so their completion is noticed promptly."""
         if self.loads or self.preparing or any(h.unload for h in self.models.values()):
             return BUSY_POLL_MS
-        return max(0, int((self.next_heartbeat - time.monotonic()) * 1000))
+        deadlines = [self.next_heartbeat]
+        deadlines += [d for h in self.models.values() if (d := h.barrier.next_deadline()) is not None]
+        return max(0, int((min(deadlines) - time.monotonic()) * 1000))
 
     def poll_input(self, timeout_ms: int) -> None:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
@@ -160,6 +164,13 @@ class Worker:
                     for hosted in hosts:
                         hosted.scheduler.resume()
                     self.send(p.Resumed(request_id=request_id))
+            case p.WeightsRequest(request_id=request_id, model=model, call=call):
+                hosted = self.models.get(model)
+                if hosted is None:
+                    message = f"model {model!r} is not loaded on this worker"
+                    self.send(p.WeightsRefused(request_id=request_id, code="MODEL_NOT_LOADED", message=message))
+                else:
+                    self.send_all(hosted.barrier.handle(request_id, call))
             case p.SessionExport() | p.SessionRestore() | p.SessionRelease() | p.SessionWatch() | p.SessionList():
                 hosted = self.models.get(message.model)
                 if hosted is None:
@@ -194,6 +205,9 @@ class Worker:
             raise refusal(req.request_id, Reason.MODEL_NOT_LOADED, f"model {req.model!r} {state}")
         if req.request_id in self.requests or req.request_id in self.preparing:
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"request id {req.request_id!r} is already in use")
+        if hosted.barrier.weights_state == "torn":
+            message = f"the weights of {req.model!r} are torn; they are restored with POST /api/weights/load"
+            raise refusal(req.request_id, Reason.WEIGHTS_TORN, message)
         hosted.check_bound(req)
         if req.messages is None or prompt_text_length(req) < INLINE_PREPARE_CHARS:
             self.admit(hosted, hosted.prepare(req))
@@ -262,6 +276,9 @@ class Worker:
                 self.send(p.Error(request_id=req.request_id, reason=Reason.UNLOADED_WHILE_LOADING, message=message))
                 self.send(p.Unloaded(request_id=pending.unload_call, name=req.name, aborted=0))
                 continue
+            hosted.barrier = WeightsBarrier(
+                ServedWeights(hosted, attachable_load=req.limits.attachable), req.limits.weights_timers, self.loader
+            )
             self.models[req.name] = hosted
             self.send(hosted.loaded(req, pending.started))
 
@@ -333,6 +350,8 @@ class Worker:
                 self.send(error)
             if hosted.scheduler.sessions is not None:
                 hosted.scheduler.sessions.expire()
+        for hosted in self.models.values():
+            self.send_all(hosted.barrier.tick())
         self.finish_unloads()
         self.finish_pauses()
         now = time.monotonic()
@@ -361,6 +380,12 @@ class Worker:
 
     def send(self, message: p.Message) -> None:
         self.socket.send(p.encode(message))
+
+    def send_all(self, messages: list[p.Message]) -> None:
+        """Sends what a weights barrier answered or ended (an ERROR for each request it refused)."""
+        for message in messages:
+            self.forget_finished(message)
+            self.send(message)
 
 
 def _load_problem(exc: Exception) -> str:

@@ -35,6 +35,7 @@ import zmq.asyncio
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.reasons import Reason
+from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
 from inference.runtime.generation import EngineError, Generation, WorkerDied
 
 logger = logging.getLogger("pantheon.engine_client")
@@ -57,6 +58,7 @@ class ModelPlacement:
     info: p.Loaded | None = None
     instance_id: int | None = None
     loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
+    weights: WeightsSnapshot | None = None  # its weights barrier, as the worker last reported it
 
 
 @dataclass(slots=True)
@@ -113,6 +115,10 @@ class EngineClient(Protocol):
     ) -> p.SessionWatched: ...
 
     async def sessions(self, model: str, *, timeout: float = ...) -> p.Sessions: ...
+
+    async def weights_call(
+        self, model: str, call: WeightsCall, *, timeout: float | None = None
+    ) -> p.WeightsReply | p.WeightsRefused: ...
 
 
 class ZmqEngineClient:
@@ -246,7 +252,7 @@ class ZmqEngineClient:
                 message = f"{placement.name!r} did not load within {timeout:g} s"
                 raise EngineError(message, Reason.LOAD_TIMEOUT) from exc
             raise
-        placement.info, placement.state = info, "ready"
+        placement.info, placement.state, placement.weights = info, "ready", info.weights
         if placement.loaded_at is None:
             placement.loaded_at = time.time()
         return info
@@ -379,6 +385,21 @@ class ZmqEngineClient:
         """The model's sessions, as its worker holds them now."""
         return await self._session_call(model, p.SessionList(request_id=_new_id(), model=model), timeout)
 
+    # -- weights --------------------------------------------------------------------------------------------------
+
+    async def weights_call(
+        self, model: str, call: WeightsCall, *, timeout: float | None = None
+    ) -> p.WeightsReply | p.WeightsRefused:
+        """One call on `model`'s weights barrier, answered by its reply or refusal (a quiesce that drains, a save or
+        a load answers when it ends); the placement's `weights` is updated from the answer."""
+        request = p.WeightsRequest(request_id=_new_id(), model=model, call=call)
+        return await self._call(self._device_of(model), request, timeout)
+
+    def _note_weights(self, snapshot: WeightsSnapshot | None) -> None:
+        placement = self._models.get(snapshot.model) if snapshot is not None else None
+        if placement is not None:
+            placement.weights = snapshot
+
     # -- transport ------------------------------------------------------------------------------------------------
 
     def _default_device(self) -> str:
@@ -450,6 +471,8 @@ class ZmqEngineClient:
         match message:
             case p.Heartbeat():
                 pass
+            case p.WeightsChanged(snapshot=snapshot):
+                self._note_weights(snapshot)
             case p.Started() | p.Tokens() | p.Finished():
                 stream = self._streams.get(message.request_id)
                 if stream:
@@ -465,6 +488,8 @@ class ZmqEngineClient:
                 else:
                     logger.warning("worker %s: %s: %s", link.device, message.reason, message.message)
             case _:
+                if isinstance(message, p.WeightsReply | p.WeightsRefused):
+                    self._note_weights(message.snapshot)
                 call = self._calls.get(message.request_id)
                 if call and not call[1].done():
                     call[1].set_result(message)

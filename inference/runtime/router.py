@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from inference.runtime.engine_client import EngineClient, ModelPlacement
-from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown
+from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown, WeightsUnsaved
 
 T = TypeVar("T")
 
@@ -80,12 +80,20 @@ class ModelRouter:
     def is_loading(self, name: str) -> bool:
         return name in self._loads
 
+    def loads_in_progress(self) -> bool:
+        """Whether any load (an operator's or one a /v1 request started) is running."""
+        return bool(self._loads or self._on_demand)
+
     # -- routing --------------------------------------------------------------------------------------------------
 
     async def route(self, requested: str, *, allow_load: bool = True) -> str:
         """The served name a /v1 request with `model: requested` goes to (see the module docstring)."""
         placements = self.client.models()
         placement = placements.get(requested) if requested else None
+        if placement is None and requested:  # the name a save or a checkpoint load gave the served weights
+            placement = next((pl for pl in placements.values() if pl.weights and pl.weights.served_name == requested),
+                             None)  # fmt: skip
+            requested = placement.name if placement is not None else requested
         if placement is not None and placement.state in SERVING_STATES:
             return requested
         if placement is not None and placement.state == "unloading":
@@ -96,6 +104,7 @@ class ModelRouter:
                     f"model {requested!r} is not loaded and {LOAD_POLICY_HEADER}: refuse forbids loading it",
                     reason="load_refused_by_policy",
                 )
+            self._refuse_unsaved(requested)
             await self._load_on_demand(requested)
             return requested
         names = [name for name, pl in placements.items() if pl.state in SERVING_STATES]
@@ -106,6 +115,19 @@ class ModelRouter:
         raise ModelNotFound(
             f"model {requested!r} is not loaded; loaded models: {', '.join(sorted(names))}", reason="model_not_found"
         )
+
+    def _refuse_unsaved(self, requested: str) -> None:
+        """An auto-load while a served model carries commits no checkpoint records is refused (409 weights_unsaved):
+        the operator decides whether to save them or to load over them (spec: "Unsaved commits")."""
+        for placement in self.client.models().values():
+            weights = placement.weights
+            if weights is not None and weights.unsaved_commits > 0:
+                raise WeightsUnsaved(
+                    f"loading {requested!r} is refused: {weights.served_name!r} carries {weights.unsaved_commits} "
+                    "unsaved commit(s); save them with POST /api/weights/save, or discard them with an explicit "
+                    "POST /api/weights/load or POST /admin/models/load",
+                    reason="weights_unsaved",
+                )
 
     async def _load_on_demand(self, name: str) -> None:
         """Waits for the model's load: one in progress, else a new one that later requests share. Shielded: a
@@ -155,6 +177,11 @@ def install_router(router: ModelRouter | None) -> None:
     """Makes `router` the one the routes use (the serve command installs it with the supervisor's client)."""
     global _installed
     _installed = router
+
+
+def installed_router() -> ModelRouter | None:
+    """The process's router, or None when the engine does not run in this process."""
+    return _installed
 
 
 def get_router() -> ModelRouter:

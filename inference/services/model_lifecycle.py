@@ -26,12 +26,14 @@ from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import Checkpoint
 from inference.engine.contract.params import LoadOptions, ServingLimits
+from inference.engine.contract.weights import WeightsTimers
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
 from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import ModelRouter
 from inference.services.catalogue import checkpoint_at, do_catalogue_model
-from pantheon_site.errors import LoadFailed, UnloadFailed
+from pantheon_site.errors import LoadFailed, UnloadFailed, WeightsTorn
+from pantheon_site.models import AccessToken, Role
 
 logger = logging.getLogger("pantheon.models")
 
@@ -61,6 +63,7 @@ async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: 
     """Loads `request` and returns its /admin/models row. `operator`: the load is an operator's, so its path and
     options become the catalogue's defaults for that name and `serve` loads it again at start; a load from the
     catalogue (on demand, at start) leaves the row as it is. Raises LoadFailed (400, 404, 409, 507, 500)."""
+    check_weights_allow_load(router)
     info = await asyncio.to_thread(checkpoint_at, request.path)
     name = request.name or info.default_name
     placement = router.placements().get(name)
@@ -78,7 +81,8 @@ async def _load(
     device = _resolve_device(router, request)
     await _admit(router, device, info)
     options = request.options
-    limits = serving_limits(options)
+    trainer_tokens = AccessToken.objects.filter(role=Role.TRAINER, revoked_at__isnull=True)
+    limits = serving_limits(options, attachable=await trainer_tokens.aexists())
     try:
         loaded = await client.load(
             name, info.path, options=options, limits=limits, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S
@@ -86,8 +90,9 @@ async def _load(
     except EngineError as exc:
         raise _as_load_failure(exc) from exc
     except TimeoutError:
-        raise LoadFailed(f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s",
-                         reason="load_timeout") from None  # fmt: skip
+        raise LoadFailed(
+            f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s", reason="load_timeout"
+        ) from None
     try:
         instance_id = await sync_to_async(_record_load)(name, info, request, loaded, limits, operator)
     except Exception as exc:
@@ -103,10 +108,32 @@ async def _load(
     return admin_model_row(placement)
 
 
-def serving_limits(options: LoadOptions) -> ServingLimits:
+def check_weights_allow_load(router: ModelRouter) -> None:
+    """Refuses a load while a trainer is attached (409 already_attached, stale or not: the load would pull the
+    weights from under it) or while a model's weights are torn (503 weights_torn: restore them first)."""
+    for placement in router.placements().values():
+        weights = placement.weights
+        if weights is not None and weights.attachment is not None:
+            raise LoadFailed(
+                f"ALREADY_ATTACHED: {weights.attachment.role} {weights.attachment.label!r} is attached "
+                f"to {weights.served_name!r}; detach first",
+                status=409,
+                reason="already_attached",
+            )
+        if weights is not None and weights.weights_state == "torn":
+            raise WeightsTorn(
+                f"the weights of {weights.served_name!r} are torn; restore them with "
+                "POST /api/weights/load before loading another model",
+                reason="weights_torn",
+                retry_after=settings.WEIGHTS_HOLD_TIMEOUT_S,
+            )
+
+
+def serving_limits(options: LoadOptions, *, attachable: bool = False) -> ServingLimits:
     """What the worker serves a load within, from the operator's options and the settings: `max_concurrent` is the
     load's own, else its max_sessions, else PANTHEON_BATCH_SLOTS; `max_sessions` is the load's own, else
-    max_concurrent, and 0 (no sessions) when PANTHEON_SESSIONS is off."""
+    max_concurrent, and 0 (no sessions) when PANTHEON_SESSIONS is off. `attachable` (a trainer token exists) loads
+    the weights where a trainer can attach to them, under the WEIGHTS_* timers."""
     max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
     return ServingLimits(
         max_concurrent=max_concurrent,
@@ -120,6 +147,14 @@ def serving_limits(options: LoadOptions) -> ServingLimits:
         session_idle_ttl=settings.PANTHEON_SESSION_IDLE_TTL_S,
         watch_grace=settings.PANTHEON_SESSION_WATCH_GRACE_S,
         repetition_span=settings.PANTHEON_REPETITION_LOOP_TOKENS,
+        attachable=attachable,
+        weights_timers=WeightsTimers(
+            hold_timeout_s=settings.WEIGHTS_HOLD_TIMEOUT_S,
+            commit_watchdog_ms=settings.WEIGHTS_COMMIT_WATCHDOG_MS,
+            heartbeat_timeout_s=settings.WEIGHTS_HEARTBEAT_TIMEOUT_S,
+            quiesce_drain_timeout_s=settings.WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S,
+            heartbeat_interval_hint_s=settings.WEIGHTS_HEARTBEAT_INTERVAL_HINT_S,
+        ),
     )
 
 
@@ -130,13 +165,19 @@ def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
     if request.dies:
         visible = dies_visible(router.client)
         if visible == 0:
-            raise LoadFailed("dies were named but this server sees no CUDA device; omit dies to load on the CPU",
-                             status=400, reason="no_dies")  # fmt: skip
+            raise LoadFailed(
+                "dies were named but this server sees no CUDA device; omit dies to load on the CPU",
+                status=400,
+                reason="no_dies",
+            )
         if len(request.dies) > 1:
             raise LoadFailed("a model is placed on one die; name a single die", status=400, reason="multi_die")
         if request.dies[0] >= visible:
-            raise LoadFailed(f"die {request.dies[0]} is not visible (this server sees dies 0..{visible - 1})",
-                             status=400, reason="die_not_visible")  # fmt: skip
+            raise LoadFailed(
+                f"die {request.dies[0]} is not visible (this server sees dies 0..{visible - 1})",
+                status=400,
+                reason="die_not_visible",
+            )
         device = f"cuda:{request.dies[0]}"
     if not device:
         counts = {d: 0 for d in workers if d.startswith("cuda")}
@@ -157,8 +198,11 @@ async def _admit(router: ModelRouter, device: str, info: Checkpoint) -> None:
         return
     free = status.memory_total - status.memory_used
     if info.size_bytes > free:
-        raise LoadFailed(f"admission refused: the weights take {info.size_bytes} bytes and {device} has {free} free",
-                         status=507, reason="admission")  # fmt: skip
+        raise LoadFailed(
+            f"admission refused: the weights take {info.size_bytes} bytes and {device} has {free} free",
+            status=507,
+            reason="admission",
+        )
 
 
 def _as_load_failure(exc: EngineError) -> LoadFailed:
@@ -210,6 +254,15 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
             raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
     if placement.state in ("loading", "unloading") or router.is_loading(name):
         raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
+    if (
+        held := next((pl.weights for pl in router.placements().values() if pl.weights and pl.weights.attachment), None)
+    ) is not None:
+        raise UnloadFailed(
+            f"ALREADY_ATTACHED: {held.attachment.role} {held.attachment.label!r} is attached to "
+            f"{held.served_name!r}; detach first",
+            status=409,
+            reason="already_attached",
+        )
     await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.UNLOADING)
     try:
         reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)

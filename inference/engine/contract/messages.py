@@ -27,6 +27,7 @@ import msgspec
 from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
+from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
 
 
 class ProtocolError(ValueError):
@@ -170,6 +171,15 @@ class SessionList(Message, tag="G"):
     model: str
 
 
+class WeightsRequest(Message, tag="B"):
+    """A call on a model's weights barrier (contract/weights.py). Answered by WEIGHTS_REPLY or WEIGHTS_REFUSED, at
+    once or, for a quiesce that drains, a save or a load, when that work ends."""
+
+    request_id: str
+    model: str
+    call: WeightsCall
+
+
 class Shutdown(Message, tag="X"):
     """Abort everything (each generation gets ERROR shutting_down) and exit the worker loop."""
 
@@ -283,6 +293,7 @@ class Loaded(Message, tag="l"):
     # A think block may come before a grammar's answer (its template opens the block in the prompt, or the model
     # opens it with its one `<think>` token): the grammar then waits for `</think>`.
     thinks_before_grammar: bool = False
+    weights: WeightsSnapshot | None = None  # the model's weights barrier as loaded
 
 
 class Unloaded(Message, tag="u"):
@@ -372,6 +383,33 @@ class Resumed(Message, tag="q"):
     request_id: str
 
 
+class WeightsReply(Message, tag="k"):
+    """A weights call carried out: the route's `data`, and the barrier after it."""
+
+    request_id: str
+    data: dict[str, Any]
+    snapshot: WeightsSnapshot
+
+
+class WeightsRefused(Message, tag="n"):
+    """A weights call refused: the spec's `code` (NOT_ATTACHED, WEIGHTS_NOT_CLEAN, ...), its `reason` when the spec
+    names one (drain_timeout, quiesce_in_progress, gguf, ...), what to tell the caller, and the barrier as it is."""
+
+    request_id: str
+    code: str
+    message: str
+    reason: str | None = None
+    details: dict[str, Any] = {}
+    snapshot: WeightsSnapshot | None = None
+
+
+class WeightsChanged(Message, tag="g"):
+    """A model's barrier changed without a call: the watchdog tore the set, a hold timed out, an attachment went
+    stale."""
+
+    snapshot: WeightsSnapshot
+
+
 StepOutput = Started | Tokens | Finished | Error  # what STEP_OUTPUTS may carry
 
 
@@ -396,6 +434,7 @@ ToWorker = (
     | SessionRelease
     | SessionWatch
     | SessionList
+    | WeightsRequest
     | Shutdown
 )
 FromWorker = (
@@ -415,6 +454,9 @@ FromWorker = (
     | SessionReleased
     | SessionWatched
     | Sessions
+    | WeightsReply
+    | WeightsRefused
+    | WeightsChanged
     | StepOutputs
 )
 

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from inference.engine.contract.weights import WeightsTimers
+
 SEED_LIMIT = 2**63  # seeds are non-negative 63-bit integers (the sampler's counter-based draws)
 TOP_LOGPROBS_LIMIT = 20
 TOKEN_ID_LIMIT = 2**31 - 1  # no vocabulary comes near it; bounds what may travel as a token id or a top_k
@@ -92,7 +94,10 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
 
     A decode whose last `repetition_span` tokens repeat one period at least four times is ended with finish_reason
-    "repetition_loop" (0: never; repetition.py)."""
+    "repetition_loop" (0: never; repetition.py).
+
+    `attachable`: load the weights so that a trainer can attach to them (engine/weights/; the control plane sets it
+    when a trainer token exists at load time), run under the barrier's `weights_timers`."""
 
     max_concurrent: int = 1
     queue_depth: int = 0
@@ -105,6 +110,8 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     session_idle_ttl: float = 12 * 3600.0
     watch_grace: float = 45.0
     repetition_span: int = 0
+    attachable: bool = False
+    weights_timers: WeightsTimers = WeightsTimers()
 
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.prefill_chunk < 1 or self.block_size < 1:

@@ -24,6 +24,7 @@ class Reason(enum.StrEnum):
     GENERATION_FAILED = "generation_failed"  # the engine step failed (out of memory, a bug)
     INTERNAL = "internal"  # handling a message failed (a bug): that one request or call fails
     SESSION_CAPACITY = "session_capacity"  # a new session id while max_sessions ids hold KV
+    WEIGHTS_TORN = "weights_torn"  # the model's weights are torn (a commit overran or broke off): nothing is served
     # sessions (export, restore)
     SESSIONS_DISABLED = "sessions_disabled"  # the model keeps no sessions (max_sessions 0)
     SESSION_NOT_FOUND = "session_not_found"  # no live session with that id

@@ -21,6 +21,7 @@ from inference.engine.model.config import ModelConfig
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.model.transformer import Transformer
 from inference.engine.text.tokenizer import Tokenizer
+from inference.engine.weights.parameter_views import ParameterViews
 
 # A config's max_position_embeddings can be 128k; a KV cache that long for every slot would not fit in memory.
 DEFAULT_MAX_CONTEXT = 4096
@@ -37,6 +38,8 @@ class LoadedModel:
     eos_token_ids: list[int]  # config + generation_config + tokenizer EOS, deduplicated, in that order
     dtype: torch.dtype
     device: torch.device
+    quantized: bool  # int8 linear layers
+    parameters: ParameterViews | None  # the Hugging Face tensors a trainer attaches to; None unless attachable
     weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
     weights_version: int  # identifies these weights as loaded (see weights_version)
 
@@ -51,10 +54,13 @@ def load_model(
     context_window: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     pool_tokens: int = 0,
+    attachable: bool = False,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
-    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner)."""
+    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner).
+    `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
+    `parameters`; it cannot be combined with `quantize`."""
     path = Path(path)
     device = torch.device(device)
     dtype = _resolve_dtype(dtype, device)
@@ -72,7 +78,7 @@ def load_model(
     if context > config.context_limit:
         raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
     model = Transformer.from_hf_weights(
-        config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize
+        config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable
     )
     del tensors, checkpoint
     eos = [*config.eos_token_ids, *extra_eos]
@@ -93,6 +99,8 @@ def load_model(
         eos_token_ids=list(dict.fromkeys(eos)),
         dtype=dtype,
         device=device,
+        quantized=quantize,
+        parameters=ParameterViews(model, config) if attachable else None,
         weight_bytes=weight_bytes(model),
         weights_version=weights_version(path, dtype, quantize),
     )

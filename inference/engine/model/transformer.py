@@ -20,6 +20,7 @@ from torch import nn
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.quantize import quantize_linears
+from inference.engine.weights.shared_storage import SharedArena, place_in_arena
 
 
 class RMSNorm(nn.Module):
@@ -211,6 +212,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
+        self.arena: SharedArena | None = None  # holds the weights of an attachable CPU load
 
     @classmethod
     def from_hf_weights(
@@ -222,25 +224,40 @@ class Transformer(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         quantize: bool = False,
+        attachable: bool = False,
     ) -> Transformer:
         """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
         context_window. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
-        weights and the others are kept transposed."""
+        weights and the others are kept transposed.
+
+        `attachable` keeps every weight where another process can map it and in a layout where each Hugging Face
+        tensor is a view of what the model computes with (inference/engine/weights): on CPU all of them in one
+        shared-memory arena (`model.arena`), with the linear layers left as nn.Linear (slower than the repacked
+        ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes."""
+        if quantize and attachable:
+            raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
         with torch.device("meta"):
             model = cls(config)
-        converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
-        weights = {}
-        for name, tensor in fuse_hf_weights(config, tensors).items():
-            if id(tensor) not in converted:
-                converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
-            weights[name] = converted[id(tensor)]
+        on_cpu = torch.device(device).type == "cpu"
+        fused = fuse_hf_weights(config, tensors)
+        if attachable and on_cpu:
+            model.arena, weights = place_in_arena(fused, dtype)
+        else:
+            converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
+            weights = {}
+            for name, tensor in fused.items():
+                if id(tensor) not in converted:
+                    converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
+                weights[name] = converted[id(tensor)]
+            del converted  # so each replaced linear layer below frees its weight
+        del fused
         model.load_state_dict(weights, assign=True)
-        del weights, converted  # so each replaced linear layer below frees its weight
+        del weights
         model.rope_cos, model.rope_sin_signed = rope_tables(config, context_window, torch.device(device))
         model.requires_grad_(False).eval()
         if quantize:
             quantize_linears(model)
-        elif torch.device(device).type == "cpu":
+        elif on_cpu and not attachable:
             cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
         return model
 

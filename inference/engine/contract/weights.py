@@ -1,0 +1,109 @@
+"""The weights barrier's words on the wire: the operations a trainer (or operator) calls, the timers, and the state a
+worker reports after every call and on every change its timers make.
+
+The worker that serves a model owns that model's barrier (engine/weights/barrier.py); the control plane keeps the
+latest `WeightsSnapshot` of each model beside its placement, so `/v1` can tell which weights answered, refuse while
+the set is torn and refuse an auto-load that would discard unsaved commits, without asking the worker. A refusal
+carries the spec's code (`NOT_ATTACHED`, `WEIGHTS_NOT_CLEAN`, ...) and its `reason`; the control plane alone turns a
+code into an HTTP status (weights/errors.py).
+
+Times are seconds since the epoch (time.time()), so both processes can print them.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import msgspec
+
+WeightsState = Literal["clean", "writing", "torn"]
+BarrierState = Literal["serving", "quiesced"]
+AttachmentState = Literal["active", "stale"]
+Origin = Literal["model", "checkpoint", "adapter"]
+
+
+class WeightsOperation(enum.StrEnum):
+    """What a WEIGHTS_CALL asks of a model's barrier (the route it came from, without the prefix)."""
+
+    ATTACH = "attach"
+    DETACH = "detach"
+    HEARTBEAT = "heartbeat"
+    QUIESCE = "quiesce"
+    RESUME = "resume"
+    COMMIT_BEGIN = "commit-begin"
+    COMMIT_END = "commit-end"
+    CLEAR_STALE = "clear-stale"
+    SAVE = "save"
+    LOAD = "load"
+    STATUS = "status"
+
+
+class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The spec's timers (WEIGHTS_* settings), sent with every LOAD so the worker runs them."""
+
+    hold_timeout_s: float = 5.0
+    commit_watchdog_ms: float = 800.0
+    heartbeat_timeout_s: float = 30.0
+    quiesce_drain_timeout_s: float = 60.0
+    heartbeat_interval_hint_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if min(self.hold_timeout_s, self.commit_watchdog_ms, self.heartbeat_timeout_s) <= 0:
+            raise ValueError("the weights timers must be positive")
+        if self.quiesce_drain_timeout_s < 0:
+            raise ValueError("quiesce_drain_timeout_s must not be negative")
+        if not 0 < self.heartbeat_interval_hint_s < self.heartbeat_timeout_s:
+            raise ValueError("heartbeat_interval_hint_s must be positive and below heartbeat_timeout_s")
+
+
+class AttachmentInfo(msgspec.Struct, array_like=True, kw_only=True):
+    """The attachment as anyone may see it: never its id."""
+
+    state: AttachmentState
+    role: str
+    label: str
+    attached_at: float
+    last_heartbeat_at: float
+    stale_since: float | None
+    reference: str  # 8 characters derived from the id, for the audit log
+
+
+class WeightsSnapshot(msgspec.Struct, array_like=True, kw_only=True):
+    """A model's barrier after a call or a timer: what GET /api/weights/status shows, plus what serving reads
+    (`served_name`, `origin`, `commits` for X-miLLM-Model; `unsaved_commits` for the weights_unsaved refusal)."""
+
+    model: str  # the worker's name for the model (the name it was loaded under)
+    served_name: str  # the name its weights answer under: the base name, or a checkpoint's qualified name
+    base_name: str  # the base model's served name, also after a save or a checkpoint load
+    origin: Origin
+    commits: int | None  # commit-ends since served_name was set
+    manifest_hash: str | None  # the weights_sha256 of the checkpoint it was loaded from
+    weights_state: WeightsState
+    barrier: BarrierState
+    attachment: AttachmentInfo | None
+    quiesced_at: float | None
+    held_requests: int | None
+    steps_since_load: int
+    unsaved_commits: int
+    last_save: dict[str, Any] | None  # {checkpoint_sha256, at, path}
+    commit: dict[str, Any] | None  # {began_at, open_ms, watchdog_ms, overran} while a commit is open or torn
+    commit_overran: float | None  # when the watchdog last tore the set
+    last_hold_timeout_at: float | None
+    last_overrun: dict[str, Any] | None  # {at, commit_ms}: the last late commit-end
+    exports_since_start: int
+    transition: str | None  # "save" or "load" while one holds the barrier
+    attach_refusal: str | None  # the NOT_ATTACHABLE reason of the model itself (gguf, quantized, dtype, allocator)
+    layout: str | None  # how the exported views relate to the engine's storage ("views", "views+repack")
+    forward_steps: int  # the scheduler's forward passes so far
+
+
+class WeightsCall(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
+    """What travels inside a WEIGHTS_CALL message (see messages.py): the operation, who asks (the token's role and
+    label, already checked by the control plane), the attachment id they presented, and the body."""
+
+    operation: WeightsOperation
+    role: str = ""
+    label: str = ""
+    attachment_id: str | None = None
+    body: dict[str, Any] = {}

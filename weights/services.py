@@ -1,0 +1,295 @@
+"""The weights calls' write paths: which served model a call is for, the checks the control plane makes before the
+worker's barrier makes its own, and what a save or a load records in the catalogue.
+
+Only one attachment exists at a time, over every model served (spec: "One attachment at a time"), so the control
+plane finds the attached model from the barriers' snapshots it keeps (`ModelPlacement.weights`) and refuses a second
+attach, or a holder call with nothing attached, before any worker is asked. The worker's barrier checks the rest, in
+the spec's order: the attachment id and label, then the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+
+from inference.engine.contract import messages as p
+from inference.engine.contract.checkpoint import inspect_checkpoint
+from inference.engine.contract.weights import WeightsCall, WeightsOperation, WeightsSnapshot
+from inference.models import CatalogModel
+from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.generation import EngineError
+from inference.runtime.router import ModelRouter
+from inference.services.catalogue import do_catalogue_model
+from pantheon_site.errors import ManagementError
+from weights.errors import weights_error
+from weights.models import Checkpoint
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# A quiesce waits for its drain, a save and a load for their files: the worker answers when they end.
+SLOW_CALL_SLACK_S = 60.0
+
+_attach_lock = asyncio.Lock()  # one attach decided at a time: two trainers racing get one attachment
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What one call did, for its audit event: the model, the weights state before and after, and the numbers a
+    commit-end reports."""
+
+    model: str = ""
+    state_before: str | None = None
+    state_after: str | None = None
+    attachment: str = ""  # the 8-character reference
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def saw(self, snapshot: WeightsSnapshot | None, *, before: bool = False) -> None:
+        if snapshot is None:
+            return
+        self.model = snapshot.served_name
+        if before:
+            self.state_before = snapshot.weights_state
+        self.state_after = snapshot.weights_state
+        if snapshot.attachment is not None:
+            self.attachment = snapshot.attachment.reference
+
+
+def attached_placement(router: ModelRouter) -> ModelPlacement | None:
+    """The served model an attachment holds (active or stale), if any."""
+    return next((pl for pl in router.placements().values() if pl.weights and pl.weights.attachment), None)
+
+
+def resident_placement(router: ModelRouter, name: str = "") -> ModelPlacement:
+    """The model a call is for: the attached one, else the named one, else the only one served (400
+    MODEL_NOT_LOADED when there is none, or several and none named)."""
+    if (held := attached_placement(router)) is not None:
+        return held
+    ready = {n: pl for n, pl in router.placements().items() if pl.state == "ready" and pl.weights is not None}
+    by_served = {pl.weights.served_name: pl for pl in ready.values()}
+    if name:
+        if (found := ready.get(name) or by_served.get(name)) is None:
+            raise weights_error("MODEL_NOT_LOADED", f"model {name!r} is not loaded")
+        return found
+    if len(ready) == 1:
+        return next(iter(ready.values()))
+    if not ready:
+        raise weights_error("MODEL_NOT_LOADED", "no model is loaded")
+    raise weights_error("MODEL_NOT_LOADED", f"several models are loaded ({', '.join(sorted(ready))}); name one")
+
+
+def status_placement(router: ModelRouter, name: str = "") -> ModelPlacement | None:
+    """The model GET /status describes: as `resident_placement`, or None when nothing is served."""
+    try:
+        return resident_placement(router, name)
+    except ManagementError:
+        return None
+
+
+async def call_barrier(
+    router: ModelRouter,
+    operation: WeightsOperation,
+    *,
+    role: str,
+    label: str,
+    attachment_id: str | None = None,
+    body: dict[str, Any] | None = None,
+    record: CallRecord,
+) -> dict[str, Any]:
+    """One weights call, checked here and then by the model's barrier; returns the route's `data`. Raises the
+    ManagementError of a refusal."""
+    body = dict(body or {})
+    if operation is WeightsOperation.ATTACH:
+        async with _attach_lock:
+            placement = _attach_target(router, body.get("model", ""))
+            data = await _forward(router, placement, operation, role, label, attachment_id, {}, record)
+        data["model"]["model_id"] = await _catalogue_id(placement.weights.base_name)
+        return data
+    if operation is WeightsOperation.LOAD:
+        placement = resident_placement(router, body.get("model", ""))
+        target = await sync_to_async(_load_target)(body)
+        return await _forward(router, placement, operation, role, label, attachment_id, target, record)
+    placement = attached_placement(router)
+    if placement is None:
+        raise weights_error("NOT_ATTACHED", "nothing is attached")
+    if operation is WeightsOperation.SAVE:
+        body = _save_body(body)
+    data = await _forward(router, placement, operation, role, label, attachment_id, body, record)
+    if operation is WeightsOperation.SAVE:
+        await sync_to_async(_record_checkpoint)(data, placement, label)
+    if operation is WeightsOperation.COMMIT_END:
+        record.extra = {"elapsed_ms": data["commit_ms"], "steps": data["steps_since_load"]}
+    return data
+
+
+def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
+    if (held := attached_placement(router)) is not None:
+        info = held.weights.attachment
+        raise weights_error(
+            "ALREADY_ATTACHED",
+            f"{info.role} {info.label!r} is attached ({info.state})",
+            details={"role": info.role, "label": info.label, "state": info.state, "attached_at": info.attached_at},
+        )
+    placement = resident_placement(router, name)
+    if any(pl.state != "ready" for pl in router.placements().values()) or router.loads_in_progress():
+        raise weights_error("NOT_ATTACHABLE", "a load or an unload is in progress", reason="model_transition")
+    return placement
+
+
+async def _forward(
+    router: ModelRouter,
+    placement: ModelPlacement,
+    operation: WeightsOperation,
+    role: str,
+    label: str,
+    attachment_id: str | None,
+    body: dict[str, Any],
+    record: CallRecord,
+) -> dict[str, Any]:
+    record.saw(placement.weights, before=True)
+    call = WeightsCall(operation=operation, role=role, label=label, attachment_id=attachment_id, body=body)
+    timeout = settings.WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S + SLOW_CALL_SLACK_S
+    try:
+        answer = await router.client.weights_call(placement.name, call, timeout=timeout)
+    except EngineError as exc:
+        code = "MODEL_NOT_LOADED" if exc.reason == "model_not_loaded" else "INTERNAL"
+        raise weights_error(code, exc.message) from None
+    record.saw(answer.snapshot)
+    if isinstance(answer, p.WeightsRefused):
+        raise weights_error(answer.code, answer.message, reason=answer.reason, details=answer.details)
+    return answer.data
+
+
+def _save_body(body: dict[str, Any]) -> dict[str, Any]:
+    run_id = body.get("run_id", "run")
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise weights_error("INVALID_REQUEST", "run_id must be 1-100 letters, digits, '.', '_' or '-'")
+    out: dict[str, Any] = {"run_id": run_id, "root": str(settings.PANTHEON_CHECKPOINT_DIR)}
+    if "step" in body:
+        step = body["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise weights_error("INVALID_REQUEST", "step must be a non-negative integer")
+        out["step"] = step
+    return out
+
+
+def _load_target(body: dict[str, Any]) -> dict[str, Any]:
+    """What POST /load writes in place: a checkpoint (by qualified name, id or directory; verified against its
+    manifest before anything is touched) or a catalogue row (`model_id`)."""
+    if "model_id" in body:
+        row = CatalogModel.objects.filter(pk=body["model_id"]).first() if isinstance(body["model_id"], int) else None
+        if row is None:
+            raise weights_error("CHECKPOINT_NOT_FOUND", f"no catalogue row has id {body['model_id']!r}")
+        saved = Checkpoint.objects.filter(catalog=row).first()
+        if saved is not None:
+            return _checkpoint_target(saved)
+        return {"path": row.path, "served_name": row.name, "origin": "model", "verify": False}
+    wanted = body.get("checkpoint")
+    if not isinstance(wanted, str | int) or isinstance(wanted, bool) or wanted == "":
+        raise weights_error("INVALID_REQUEST", "give `checkpoint` (a qualified name, id or path) or `model_id`")
+    saved = Checkpoint.objects.filter(name=wanted).first() if isinstance(wanted, str) else None
+    if saved is None and (isinstance(wanted, int) or str(wanted).isdigit()):
+        saved = Checkpoint.objects.filter(pk=int(wanted)).first()
+    if saved is None and isinstance(wanted, str) and (Path(wanted) / "manifest.json").is_file():
+        saved = Checkpoint.objects.filter(path=str(Path(wanted).resolve())).first()
+        if saved is None:
+            return {
+                "path": str(Path(wanted).resolve()),
+                "served_name": _manifest_name(wanted),
+                "origin": "checkpoint",
+                "verify": True,
+            }
+    if saved is None:
+        raise weights_error("CHECKPOINT_NOT_FOUND", f"no checkpoint {wanted!r}")
+    return _checkpoint_target(saved)
+
+
+def _checkpoint_target(saved: Checkpoint) -> dict[str, Any]:
+    return {
+        "path": saved.path,
+        "served_name": saved.name,
+        "origin": "checkpoint",
+        "manifest_hash": saved.weights_sha256,
+        "parent": saved.parent.name if saved.parent else None,
+        "verify": True,
+    }
+
+
+def _manifest_name(directory: str) -> str:
+    return str(json.loads((Path(directory) / "manifest.json").read_text()).get("name") or Path(directory).name)
+
+
+def _record_checkpoint(manifest: dict[str, Any], placement: ModelPlacement, label: str) -> None:
+    """The saved step as a Checkpoint row and a catalogue row under its qualified name (not autoloaded)."""
+    info = inspect_checkpoint(manifest["path"])
+    base = CatalogModel.objects.filter(name=manifest["base_model"]).first()
+    options = base.load_options if base is not None else placement.load.options
+    with transaction.atomic():
+        catalog = do_catalogue_model(manifest["name"], info, options, architecture=info.architecture)
+        CatalogModel.objects.filter(pk=catalog.pk).update(autoload=False)
+        Checkpoint.objects.create(
+            name=manifest["name"],
+            run_id=manifest["run_id"],
+            step=manifest["step"],
+            parent=Checkpoint.objects.filter(name=manifest["parent"]).first() if manifest.get("parent") else None,
+            base_model=manifest["base_model"],
+            weights_sha256=manifest["weights_sha256"],
+            path=manifest["path"],
+            saved_by=label,
+            catalog=catalog,
+        )
+
+
+async def _catalogue_id(name: str) -> int | None:
+    row = await CatalogModel.objects.filter(name=name).afirst()
+    return None if row is None else row.pk
+
+
+def lineage(served: WeightsSnapshot) -> list[dict[str, Any]]:
+    """The parent chain of the served weights: the served set itself, each checkpoint it descends from, the base."""
+    chain: list[dict[str, Any]] = [
+        {
+            "kind": "served",
+            "name": served.served_name,
+            "origin": served.origin,
+            "commits": served.commits,
+            "unsaved_commits": served.unsaved_commits,
+        }
+    ]
+    saved = Checkpoint.objects.filter(name=served.served_name).first() if served.origin == "checkpoint" else None
+    seen = set()
+    while saved is not None and saved.pk not in seen:
+        seen.add(saved.pk)
+        chain.append({"kind": "checkpoint", **checkpoint_row(saved)})
+        saved = saved.parent
+    base = CatalogModel.objects.filter(name=served.base_name).first()
+    chain.append(
+        {
+            "kind": "model",
+            "name": served.base_name,
+            "model_id": base.pk if base else None,
+            "path": base.path if base else None,
+        }
+    )
+    return chain
+
+
+def checkpoint_row(saved: Checkpoint) -> dict[str, Any]:
+    return {
+        "id": saved.pk,
+        "name": saved.name,
+        "parent": saved.parent.name if saved.parent_id else None,
+        "base_model": saved.base_model,
+        "run_id": saved.run_id,
+        "step": saved.step,
+        "sha256": saved.weights_sha256,
+        "path": saved.path,
+        "created": saved.created_at.isoformat(),
+        "saved_by": saved.saved_by,
+    }

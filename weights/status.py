@@ -1,0 +1,108 @@
+"""GET /api/weights/status and the weights summary of /api/health/detailed, from the barrier snapshots the control
+plane keeps: no token, no slot, no call to a worker. Neither ever holds the attachment id or a token."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from inference.models import CatalogModel
+from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.router import ModelRouter
+from weights.services import status_placement
+
+# No adapters exist here yet: the adapter block says so rather than being null ("null only when it could not be
+# read").
+NO_ADAPTER = {"applied": False, "name": None}
+
+
+def iso(at: float | None) -> str | None:
+    return None if at is None else datetime.fromtimestamp(at, UTC).isoformat()
+
+
+def _stamped(block: dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
+    if block is None:
+        return None
+    return {k: iso(v) if k in keys else v for k, v in block.items()}
+
+
+def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[str, Any]:
+    """The spec's status table for `placement`'s barrier (every field null or idle when nothing is resident)."""
+    w = placement.weights if placement is not None else None
+    if w is None:
+        return {
+            "attached": False,
+            "attachment": None,
+            "barrier": "serving",
+            "quiesced_at": None,
+            "held_requests": None,
+            "weights_state": "clean",
+            "resident_model": None,
+            "steps_since_load": None,
+            "last_save": None,
+            "commit": None,
+            "commit_overran": None,
+            "last_hold_timeout_at": None,
+            "last_overrun": None,
+            "pause_unavailable": None,
+            "adapter": NO_ADAPTER,
+            "cuda_memory": None,
+            "exports_since_start": 0,
+        }
+    attachment = None
+    if (a := w.attachment) is not None:
+        attachment = {
+            "state": a.state,
+            "role": a.role,
+            "label": a.label,
+            "attached_at": iso(a.attached_at),
+            "last_heartbeat_at": iso(a.last_heartbeat_at),
+            "stale_since": iso(a.stale_since),
+        }
+    base = CatalogModel.objects.filter(name=w.base_name).first()
+    return {
+        "attached": attachment is not None,
+        "attachment": attachment,
+        "barrier": w.barrier,
+        "quiesced_at": iso(w.quiesced_at),
+        "held_requests": w.held_requests,
+        "weights_state": w.weights_state,
+        "resident_model": {
+            "model_id": base.pk if base else None,
+            "name": w.base_name,
+            "manifest_hash": w.manifest_hash,
+        },
+        "served_name": w.served_name,
+        "origin": w.origin,
+        "commits": w.commits,
+        "steps_since_load": w.steps_since_load,
+        "unsaved_commits": w.unsaved_commits,
+        "last_save": _stamped(w.last_save, "at"),
+        "commit": _stamped(w.commit, "began_at"),
+        "commit_overran": iso(w.commit_overran),
+        "last_hold_timeout_at": iso(w.last_hold_timeout_at),
+        "last_overrun": _stamped(w.last_overrun, "at"),
+        "pause_unavailable": None,
+        "adapter": NO_ADAPTER,
+        "cuda_memory": None,
+        "exports_since_start": w.exports_since_start,
+        "transition": w.transition,
+        "attachable": w.attach_refusal is None,
+        "not_attachable_reason": w.attach_refusal,
+        "layout": w.layout,
+        "forward_steps": w.forward_steps,
+    }
+
+
+def health_summary(router: ModelRouter | None) -> dict[str, Any]:
+    """/api/health/detailed's weights block: the status route's names and values."""
+    placement = status_placement(router, "") if router is not None else None
+    w = placement.weights if placement is not None else None
+    if w is None:
+        return {"weights_state": "clean", "barrier": "serving", "attached": False, "attachment_state": None}
+    return {
+        "weights_state": w.weights_state,
+        "barrier": w.barrier,
+        "attached": w.attachment is not None,
+        "attachment_state": w.attachment.state if w.attachment else None,
+    }

@@ -1,0 +1,167 @@
+"""The /api/weights routes (spec: "Weights: attachment and the step barrier" and checkpoints), in the management
+envelope `{"success", "data", "error"}`.
+
+A gated call checks its token first (401 WEIGHTS_UNAUTHORIZED with WWW-Authenticate: Bearer, then 403
+WEIGHTS_FORBIDDEN for a role the route does not admit) and then runs as one call of weights/services.py; either way
+it writes one audit event with the spec's fields. GET /status, /lineage and /checkpoints take no token. Neither the
+token nor the attachment id is ever logged, audited or returned (the id once, by attach).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import JsonResponse
+
+from inference.api.methods import only
+from inference.engine.contract.weights import WeightsOperation
+from inference.runtime.router import get_router
+from pantheon_site.audit import arecord_audit_event
+from pantheon_site.auth import bearer_secret
+from pantheon_site.errors import ManagementError, NoModelsLoaded, PantheonError, Unauthorized
+from pantheon_site.models import Outcome, Role
+from pantheon_site.tokens import aauthenticate_token
+from weights import services
+from weights.errors import weights_error
+from weights.models import Checkpoint
+from weights.status import status_body
+
+ATTACHMENT_HEADER = "X-miLLM-Attachment"
+HOLDER_ROLES = (Role.TRAINER, Role.OPERATOR)
+# The audit operation of each call; a token refusal on save and load logs weights_save / weights_load.
+AUDIT_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation} | {
+    WeightsOperation.SAVE: "save",
+    WeightsOperation.LOAD: "load",
+}
+
+
+def envelope(data: Any) -> JsonResponse:
+    return JsonResponse({"success": True, "data": data, "error": None})
+
+
+def _body(request) -> dict[str, Any]:
+    if not request.body.strip():
+        return {}
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        raise weights_error("INVALID_REQUEST", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise weights_error("INVALID_REQUEST", "the body must be a JSON object")
+    return body
+
+
+async def _token(request, roles: tuple[str, ...]):
+    try:
+        token = await aauthenticate_token(bearer_secret(request))
+    except Unauthorized as exc:
+        raise weights_error(
+            "WEIGHTS_UNAUTHORIZED", "a valid trainer or operator token is required", reason=exc.reason
+        ) from None
+    if token.role not in roles:
+        raise weights_error(
+            "WEIGHTS_FORBIDDEN", f"a {token.role} token may not call this route", reason=f"role_{token.role}"
+        )
+    return token
+
+
+async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = HOLDER_ROLES) -> JsonResponse:
+    """Runs one gated call and writes its audit event, accepted or refused."""
+    started = time.monotonic()
+    record = services.CallRecord()
+    token = None
+    try:
+        token = await _token(request, roles)
+        body = _body(request)
+        attachment_id = request.headers.get(ATTACHMENT_HEADER) or None
+        data = await services.call_barrier(
+            get_router(),
+            operation,
+            role=token.role,
+            label=token.label,
+            attachment_id=attachment_id,
+            body=body,
+            record=record,
+        )
+    except PantheonError as error:
+        if not isinstance(error, ManagementError):
+            error = weights_error(
+                "MODEL_NOT_LOADED" if isinstance(error, NoModelsLoaded) else "INTERNAL", error.message
+            )
+        name = AUDIT_OPERATION[operation] if token is not None else "weights_" + operation.value.replace("-", "_")
+        await _audit(name, request, token, record, started, error)
+        raise error from None
+    await _audit(AUDIT_OPERATION[operation], request, token, record, started, None)
+    return envelope(data)
+
+
+async def _audit(operation, request, token, record, started, error: ManagementError | None) -> None:
+    details = {
+        "role": token.role if token is not None else None,
+        "attachment": record.attachment or None,
+        "weights_state_before": record.state_before,
+        "weights_state": record.state_after,
+        **record.extra,
+    }
+    fields: dict[str, Any] = {
+        "actor_kind": "token" if token is not None else "anonymous",
+        "actor_label": token.label if token is not None else "",
+        "model": record.model,
+        "request_id": getattr(request, "request_id", ""),
+        "client_address": request.META.get("REMOTE_ADDR", "") or "",
+        "duration_ms": (time.monotonic() - started) * 1000.0,
+        "details": details,
+    }
+    if error is not None:
+        details["code"] = error.code
+        fields |= {"error_type": error.code, "reason": error.reason or error.message}
+    await arecord_audit_event(operation, Outcome.REFUSED if error else Outcome.ACCEPTED, **fields)
+
+
+def _holder_route(operation: WeightsOperation, roles: tuple[str, ...] = HOLDER_ROLES):
+    @only("POST")
+    async def view(request):
+        return await gated(request, operation, roles)
+
+    view.__name__ = operation.value.replace("-", "_")
+    return view
+
+
+attach = _holder_route(WeightsOperation.ATTACH)
+detach = _holder_route(WeightsOperation.DETACH)
+heartbeat = _holder_route(WeightsOperation.HEARTBEAT)
+quiesce = _holder_route(WeightsOperation.QUIESCE)
+resume = _holder_route(WeightsOperation.RESUME)
+commit_begin = _holder_route(WeightsOperation.COMMIT_BEGIN)
+commit_end = _holder_route(WeightsOperation.COMMIT_END)
+clear_stale = _holder_route(WeightsOperation.CLEAR_STALE, (Role.OPERATOR,))
+save = _holder_route(WeightsOperation.SAVE)
+load = _holder_route(WeightsOperation.LOAD)
+
+
+@only("GET")
+async def status(request):
+    """Anyone, no token, no slot: the barrier of the attached model (else the named or only one)."""
+    router = get_router()
+    placement = services.status_placement(router, request.GET.get("model", ""))
+    return envelope(await sync_to_async(status_body)(router, placement))
+
+
+@only("GET")
+async def lineage(request):
+    """The parent chain of the served weights, back to the base model."""
+    placement = services.resident_placement(get_router(), request.GET.get("model", ""))
+    return envelope({"chain": await sync_to_async(services.lineage)(placement.weights)})
+
+
+@only("GET")
+async def checkpoints(request):
+    """Every checkpoint saved, oldest first."""
+
+    def rows() -> list[dict[str, Any]]:
+        return [services.checkpoint_row(c) for c in Checkpoint.objects.select_related("parent")]
+
+    return envelope({"checkpoints": await sync_to_async(rows)()})
