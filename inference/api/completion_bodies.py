@@ -22,6 +22,7 @@ from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest
 from inference.engine.contract import messages as p
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
+from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from pantheon_site.errors import PantheonError, openai_error_body
 
@@ -68,10 +69,12 @@ class CompletionContext:
     """What every body of one completion shares: id, creation time, the served name, the request, and the tool
     dialect the served model writes (from its LOADED)."""
 
-    def __init__(self, chat: ChatRequest, model: str, loaded: p.Loaded | None = None, millm_model: str | None = None):
+    def __init__(
+        self, chat: ChatRequest, model: str, loaded: p.Loaded | None = None, placement: ModelPlacement | None = None
+    ):
         self.chat = chat
         self.model = model
-        self.millm_model = millm_model  # which weights answer (X-miLLM-Model; a stream's terminal chunk)
+        self.placement = placement
         self.dialect = loaded.tool_dialect if loaded is not None else DEFAULT_DIALECT
         self.id = new_completion_id()
         self.created = int(time.time())
@@ -88,9 +91,20 @@ class CompletionContext:
         complete = None if plan.grammar is None else all(f.grammar_complete for f in finished)
         return {"response_format_status": plan.final_status(complete)}
 
+    def millm_model(self) -> str | None:
+        """Which parameter set answered: `"<served name>";origin=<origin>;commits=<n>` (commits left out when
+        unknown), read when the answer is complete. The weights cannot change under a running generation (a quiesce
+        waits for it to finish), so what the served model carries then is what produced it, also for a request that
+        waited through a commit."""
+        weights = self.placement.weights if self.placement is not None else None
+        if weights is None:
+            return None
+        value = f"{json.dumps(weights.served_name)};origin={weights.origin}"
+        return value if weights.commits is None else f"{value};commits={weights.commits}"
+
     def terminal_fields(self, terminal: bool) -> dict[str, Any]:
         """`millm_model` on a stream's terminal chunk (the last before [DONE])."""
-        return {"millm_model": self.millm_model} if terminal and self.millm_model else {}
+        return {"millm_model": value} if terminal and (value := self.millm_model()) else {}
 
     def envelope(self, obj: str) -> dict[str, Any]:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}

@@ -12,7 +12,6 @@ for these.
 """
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from django.http import JsonResponse, StreamingHttpResponse
@@ -23,7 +22,6 @@ from inference.api.model_rows import v1_model_row
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest, parse_chat_request
 from inference.engine.contract.messages import Submit
-from inference.engine.contract.weights import WeightsSnapshot
 from inference.runtime.engine_client import EngineClient
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.host_probe import backend, build_id
@@ -33,14 +31,6 @@ from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MILLM_MODEL_HEADER = "X-miLLM-Model"
-
-
-def millm_model(weights: WeightsSnapshot | None) -> str | None:
-    """Which parameter set answers: `"<served name>";origin=<origin>;commits=<n>` (commits left out when unknown)."""
-    if weights is None:
-        return None
-    value = f"{json.dumps(weights.served_name)};origin={weights.origin}"
-    return value if weights.commits is None else f"{value};commits={weights.commits}"
 
 
 @only("GET")
@@ -68,7 +58,7 @@ async def chat_completions(request):
         allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
         model = await router.route(chat.model, allow_load=allow_load)
         placement = router.placements()[model]
-        ctx = CompletionContext(chat, model, placement.info, millm_model(placement.weights))
+        ctx = CompletionContext(chat, model, placement.info, placement)
         try:
             generations = await submit_choices(router.client, chat, model, ctx.id)
         except EngineError as exc:
@@ -82,8 +72,8 @@ async def chat_completions(request):
             body = counted(router, stream_chunks(generations, ctx))
             return StreamingHttpResponse(body, content_type="text/event-stream", headers=SSE_HEADERS)
         response = JsonResponse(await complete(generations, ctx))
-        if ctx.millm_model:
-            response[MILLM_MODEL_HEADER] = ctx.millm_model
+        if (weights := ctx.millm_model()) is not None:
+            response[MILLM_MODEL_HEADER] = weights
         return response
     finally:
         if not streaming:
