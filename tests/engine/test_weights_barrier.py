@@ -343,3 +343,46 @@ def test_a_save_records_the_commits_and_renames_the_served_weights(rig):
     snap = barrier.snapshot()
     assert (snap.unsaved_commits, snap.served_name, snap.origin, snap.commits) == (0, "m:r:step-2", "checkpoint", 0)
     assert snap.last_save["checkpoint_sha256"] == "ab" * 32
+
+
+class Deferred:
+    """An executor whose work ends when the test says so (a save or a load still running)."""
+
+    def __init__(self):
+        self.pending: list[tuple[Future, object, tuple]] = []
+
+    def submit(self, fn, *args):
+        future = Future()
+        self.pending.append((future, fn, args))
+        return future
+
+    def finish(self) -> None:
+        for future, fn, args in self.pending:
+            future.set_result(fn(*args))
+        self.pending.clear()
+
+
+def test_a_save_in_progress_holds_the_barrier_against_quiesce_commit_and_load(rig):
+    barrier, model, clock = rig
+    barrier.executor = work = Deferred()
+    aid = attached(barrier)
+    ok(call(barrier, Op.QUIESCE, aid))
+    assert barrier.handle("s", WeightsCall(operation=Op.SAVE, label="t", attachment_id=aid, body={"run_id": "r"})) == []
+    assert code(call(barrier, Op.COMMIT_BEGIN, aid)) == ("PAUSE_IN_PROGRESS", None)
+    assert code(call(barrier, Op.SAVE, aid, run_id="r")) == ("PAUSE_IN_PROGRESS", None)
+    assert code(call(barrier, Op.LOAD, path="/c", served_name="x")) == ("PAUSE_IN_PROGRESS", None)
+    clock.now += TIMERS.hold_timeout_s + 1
+    assert barrier.tick() == [] and barrier.barrier == "quiesced"  # the save took over the hold: no timeout
+    work.finish()
+    (saved,) = barrier.tick()
+    assert saved.request_id == "s" and ok(saved)["name"] == "m:r:step-0"
+    ok(call(barrier, Op.COMMIT_BEGIN, aid))
+    assert barrier.snapshot().transition is None
+
+
+def test_a_quiesce_with_no_queue_place_left_is_queue_full(rig):
+    barrier, model, clock = rig
+    aid = attached(barrier)
+    model.queue_full = lambda: True
+    assert code(call(barrier, Op.QUIESCE, aid)) == ("QUEUE_FULL", None)
+    assert not model.paused

@@ -14,7 +14,7 @@ import pytest
 
 from pantheon_site.models import AuditEvent
 from tests.inference.serving import sse_events, wait_for
-from tests.inference.session_turns import load, unload
+from tests.inference.session_turns import assistant_message, chat, load, unload
 from tests.inference.weights_calls import EOS, Holder, load_attachable, new_token, status, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,3 +318,21 @@ def test_quiesce_lets_a_full_batch_finish_and_no_forward_pass_runs_inside_a_comm
         assert end["forward_steps_during_commit"] == 0 and status(server)["forward_steps"] == steps
         holder.ok("resume")
         assert waiting.result().status_code == 200
+
+
+def test_a_quiesce_drops_every_cache_computed_on_the_old_weights(server, api, holder):
+    story = [{"role": "user", "content": "Once upon a time there was a little dog who liked to run in the park. " * 4}]
+    tale = [{"role": "user", "content": "A girl named Lily found a shiny red ball under a big green tree. " * 4}]
+
+    def cached(messages) -> int:
+        return chat(api, "stories", messages, max_tokens=4)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached(tale)
+    assert cached(tale) > 0  # the prompt's blocks are reused between requests
+    first_turn = chat(api, "stories", story, max_tokens=4, session_id="kept")
+    session_turn = story + [assistant_message(first_turn), {"role": "user", "content": "And then?"}]
+    holder.attach()
+    commit(holder)
+    again = chat(api, "stories", session_turn, max_tokens=4, session_id="kept")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the session's KV is gone ...
+    assert cached(tale) == 0  # ... and so are the cached prefixes: nothing computed on the old weights is reused
