@@ -5,8 +5,8 @@ fail: a body with a wrong value is refused."""
 
 from __future__ import annotations
 
+import base64
 import copy
-import os
 from pathlib import Path
 
 import httpx
@@ -35,17 +35,15 @@ def server(start_server, checkpoint_dir):
 
 
 class Checked:
-    """Every body seen, validated as it arrives; `seen` records which routes were covered."""
+    """Validates every body as it arrives; `seen` records the routes that answered 200."""
 
     def __init__(self, server):
         self.server = server
         self.seen: set[str] = set()
-        self.bodies: list[tuple[str, dict]] = []
 
     def __call__(self, route: str, answer: Answer, *, refused: bool = False) -> Answer:
         method, name = route.split(" ", 1)
         full = f"{method} /api/weights/{name}"
-        self.bodies.append((full, answer.body))
         validate_weights_response(full, answer.body)
         if refused:
             assert answer.status >= 400 and answer.body["success"] is False, answer.body
@@ -57,17 +55,29 @@ class Checked:
     def status(self) -> dict:
         return self("GET status", weights_call(self.server, "status", method="GET")).data
 
+    def health(self) -> dict:
+        response = httpx.get(f"{self.server.url}/api/health/detailed", timeout=30)
+        assert response.status_code == 200, response.text
+        validate_health_detailed(response.json())
+        return response.json()
+
 
 def test_one_cycle_answers_as_the_schema_says(server, api, stories_hf_dir):
     check = Checked(server)
     before = check.status()
     assert before["resident_model"] is None and before["steps_since_load"] is None
+    assert check.health()["models"] == []
 
     holder = Holder(server, load_attachable(api, stories_hf_dir))
     check("GET status", weights_call(server, "status", method="GET"))  # resident, nothing attached
-    attached = check("POST attach", weights_call(server, "attach", holder.token)).data
-    holder.attachment_id = attached["attachment_id"]
-    assert attached["storages"] and attached["parameters"]
+    attach = check("POST attach", weights_call(server, "attach", holder.token))
+    holder.attachment_id = attach.data["attachment_id"]
+    assert attach.data["storages"][0]["kind"] == "cpu_shared_file" and attach.data["parameters"]
+    # the storage entry is held to its kind: a CPU file's fields are not a CUDA handle's
+    relabelled = copy.deepcopy(attach.body)
+    relabelled["data"]["storages"][0]["kind"] = "cuda_ipc"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_weights_response("POST /api/weights/attach", relabelled)
     try:
         second = check("POST attach", weights_call(server, "attach", new_token("trainer", "second")), refused=True)
         assert second.error == (409, "ALREADY_ATTACHED", None)
@@ -75,6 +85,7 @@ def test_one_cycle_answers_as_the_schema_says(server, api, stories_hf_dir):
         check("POST quiesce", holder.call("quiesce"))
         quiesced = check.status()
         assert quiesced["barrier"] == "quiesced" and quiesced["quiesced_at"] is not None
+        assert check.health()["weights"]["attachment_state"] == "active"
         check("POST commit-begin", holder.call("commit-begin"))
         writing = check.status()
         assert writing["weights_state"] == "writing" and writing["commit"] is not None
@@ -90,9 +101,9 @@ def test_one_cycle_answers_as_the_schema_says(server, api, stories_hf_dir):
         loaded = check("POST load", weights_call(server, "load", holder.token, body={"checkpoint": saved["name"]}))
         assert loaded.data["served_name"] == saved["name"]
         check("POST detach", holder.call("detach"))
+        holder.attachment_id = None
     finally:
         holder.detach()
-    holder.attachment_id = None
     operator = new_token("operator", "ops-schema")
     refused = check("POST clear-stale", weights_call(server, "clear-stale", operator), refused=True)
     assert refused.error == (409, "NOT_ATTACHED", None)
@@ -101,12 +112,7 @@ def test_one_cycle_answers_as_the_schema_says(server, api, stories_hf_dir):
     # every route of the schema was answered for real, except clear-stale's success (it needs a stale attachment:
     # test_weights_timers.py makes one; its data is checked against the schema below from the barrier's own shape)
     assert set(routes()) - check.seen == {"POST /api/weights/clear-stale"}
-    if os.environ.get("WEIGHTS_SCHEMA_DUMP"):
-        Path(os.environ["WEIGHTS_SCHEMA_DUMP"]).write_text(repr(check.bodies))
-
-    health = httpx.get(f"{server.url}/api/health/detailed", timeout=30)
-    assert health.status_code == 200
-    validate_health_detailed(health.json())
+    assert check.health()["weights"]["attached"] is False
 
 
 def test_clear_stale_data_as_the_barrier_returns_it():
@@ -147,6 +153,33 @@ GOOD_STATUS = {
 }
 
 
+GOOD_QUIESCE = {
+    "success": True,
+    "data": {
+        "held_requests": 0,
+        "held_batch_chunks": 0,
+        "weights_state": "clean",
+        "quiesced_at": 1792000000.5,
+        "hold_deadline": 1792000030.5,
+    },
+    "error": None,
+}
+RESIDENT = {
+    "resident_model": {"model_id": 1, "name": "stories", "manifest_hash": None},
+    "served_name": "stories",
+    "origin": "model",
+    "commits": 0,
+    "steps_since_load": 0,
+    "unsaved_commits": 0,
+    "transition": None,
+    "attachable": True,
+    "not_attachable_reason": None,
+    "layout": "views",
+    "forward_steps": 0,
+}
+GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDENT}}
+
+
 @pytest.mark.parametrize(
     ("route", "body", "breaks"),
     [
@@ -155,13 +188,36 @@ GOOD_STATUS = {
         ("GET /api/weights/status", GOOD_STATUS, lambda b: b["data"].update(quiesced_at=1792000000.5)),
         ("GET /api/weights/status", GOOD_STATUS, lambda b: b["data"].pop("exports_since_start")),
         ("GET /api/weights/status", GOOD_STATUS, lambda b: b.update(error={})),
+        ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].pop("served_name")),
+        ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].update(steps_since_load=None)),
+        ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].update(origin="lora")),
+        (
+            "POST /api/weights/quiesce",
+            GOOD_QUIESCE,
+            lambda b: b["data"].update(quiesced_at="2026-10-17T00:00:00+00:00"),
+        ),
         (
             "POST /api/weights/clear-stale",
-            {"success": False, "data": None, "error": {"code": "NOT_ATTACHED", "message": "m", "reason": None, "details": {}}},
+            {
+                "success": False,
+                "data": None,
+                "error": {"code": "NOT_ATTACHED", "message": "m", "reason": None, "details": {}},
+            },
             lambda b: b["error"].update(reason=7),
         ),
     ],
-    ids=["weights_state", "barrier", "epoch_in_status", "missing_field", "error_not_null", "error_reason_type"],
+    ids=[
+        "weights_state",
+        "barrier",
+        "epoch_in_status",
+        "missing_field",
+        "error_not_null",
+        "resident_without_served_name",
+        "resident_steps_null",
+        "origin",
+        "iso_in_quiesce",
+        "error_reason_type",
+    ],
 )
 def test_the_schema_refuses_a_wrong_body(route, body, breaks):
     validate_weights_response(route, body)
@@ -169,6 +225,68 @@ def test_the_schema_refuses_a_wrong_body(route, body, breaks):
     breaks(wrong)
     with pytest.raises(jsonschema.ValidationError):
         validate_weights_response(route, wrong)
+
+
+def _cuda_entry(**changes) -> dict:
+    """A storage entry as handles.py `_cuda_entry` builds it (this host has no GPU to export one for real)."""
+    entry = {
+        "kind": "cuda_ipc",
+        "device": "cuda:0",
+        "device_index": 0,
+        "device_uuid": "5c8e6a1e-3f4b-2d1c-9a8b-7c6d5e4f3a2b",
+        "handle": base64.b64encode(bytes(range(64))).decode("ascii"),
+        "storage_size_bytes": 268435456,
+        "storage_offset_bytes": 0,
+        "ref_counter_handle": base64.b64encode(b"/torch_1234_5678_0").decode("ascii"),
+        "ref_counter_offset": 3,
+        "event_handle": base64.b64encode(bytes(64)).decode("ascii"),
+        "event_sync_required": True,
+    }
+    return entry | changes
+
+
+def _attach_with(storage: dict) -> dict:
+    return {
+        "success": True,
+        "error": None,
+        "data": {
+            "attachment_id": "x" * 32,
+            "model": {"model_id": 1, "name": "m", "manifest_hash": None},
+            "weights_state": "torn",
+            "steps_since_load": 0,
+            "heartbeat": {"timeout_s": 30.0, "interval_hint_s": 5.0},
+            "producer": {"torch": "2.13.0+cu130", "cuda": "13.0", "driver": None},
+            "storages": [storage],
+            "parameters": [
+                {
+                    "name": "w",
+                    "storage": 0,
+                    "dtype": "bfloat16",
+                    "shape": [4, 2],
+                    "stride": [2, 1],
+                    "storage_offset": 0,
+                    "requires_grad": True,
+                }
+            ],
+            "release": {"pinned_bytes": storage["storage_size_bytes"], "contract": "c"},
+            "config": None,
+            "layout": None,
+        },
+    }
+
+
+def test_a_cuda_storage_entry_fits_and_its_byte_fields_must_be_base64():
+    validate_weights_response("POST /api/weights/attach", _attach_with(_cuda_entry()))
+    empty = _cuda_entry(handle=None, ref_counter_handle=None, event_handle=None, event_sync_required=None)
+    validate_weights_response("POST /api/weights/attach", _attach_with(empty))  # an empty storage, as torch sends it
+    for wrong in (
+        _cuda_entry(handle="not base64!"),
+        _cuda_entry(device_index=None),
+        _cuda_entry(device="cpu"),
+        {k: v for k, v in _cuda_entry().items() if k != "device_uuid"},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            validate_weights_response("POST /api/weights/attach", _attach_with(wrong))
 
 
 def test_an_unknown_route_is_a_key_error():

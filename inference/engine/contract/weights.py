@@ -36,7 +36,6 @@ class WeightsOperation(enum.StrEnum):
     CLEAR_STALE = "clear-stale"
     SAVE = "save"
     LOAD = "load"
-    STATUS = "status"
 
 
 class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -349,9 +349,6 @@ class WeightsBarrier:
             "barrier": self.barrier,
         }
 
-    def _status(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
-        return {}
-
     def _save(self, request_id: str, call: WeightsCall) -> None:
         self._holder(call)
         if self.weights_state != "clean":

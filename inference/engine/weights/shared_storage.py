@@ -44,7 +44,12 @@ class SharedArena:
         self._finalizer = weakref.finalize(self, _unlink, self.path)
         try:
             os.fchmod(fd, 0o600)  # the umask may only remove bits, but say it outright
-            os.ftruncate(fd, nbytes)
+            # Reserved now, not on first touch: a shared-memory folder too small for the weights (a container's
+            # default /dev/shm) then fails the load here instead of killing the worker with SIGBUS mid-copy.
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            self._finalizer()
+            raise MemoryError(f"{folder} has no room for {nbytes} bytes of attachable weights: {exc}") from exc
         finally:
             os.close(fd)
         self.tensor = torch.from_file(self.path, shared=True, size=nbytes, dtype=torch.uint8)
