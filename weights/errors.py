@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 
 from pantheon_site.errors import ManagementError
+from weights.times import with_iso_times
 
 STATUS = {
     "WEIGHTS_UNAUTHORIZED": 401,
@@ -51,4 +52,5 @@ def weights_error(
     status = STATUS.get(code, 500)
     if status == 503:
         headers["Retry-After"] = str(max(1, round(settings.WEIGHTS_HOLD_TIMEOUT_S)))
+    details = with_iso_times(details or {})
     return ManagementError(code, message, status=status, reason=reason or "", details=details, headers=headers)

@@ -3,27 +3,29 @@ plane keeps: no token, no slot, no call to a worker. Neither ever holds the atta
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.router import ModelRouter
 from weights.services import status_placement
+from weights.times import iso, with_iso_times
 
+# Fields beyond the spec's table that only a resident model has: null while nothing is resident.
+RESIDENT_ONLY = (
+    "served_name",
+    "origin",
+    "commits",
+    "unsaved_commits",
+    "transition",
+    "attachable",
+    "not_attachable_reason",
+    "layout",
+    "forward_steps",
+)
 # No adapters exist here yet: the adapter block says so rather than being null ("null only when it could not be
 # read").
 NO_ADAPTER = {"applied": False, "name": None}
-
-
-def iso(at: float | None) -> str | None:
-    return None if at is None else datetime.fromtimestamp(at, UTC).isoformat()
-
-
-def _stamped(block: dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
-    if block is None:
-        return None
-    return {k: iso(v) if k in keys else v for k, v in block.items()}
 
 
 def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[str, Any]:
@@ -48,6 +50,7 @@ def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[s
             "adapter": NO_ADAPTER,
             "cuda_memory": None,
             "exports_since_start": 0,
+            **dict.fromkeys(RESIDENT_ONLY),
         }
     attachment = None
     if (a := w.attachment) is not None:
@@ -77,11 +80,11 @@ def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[s
         "commits": w.commits,
         "steps_since_load": w.steps_since_load,
         "unsaved_commits": w.unsaved_commits,
-        "last_save": _stamped(w.last_save, "at"),
-        "commit": _stamped(w.commit, "began_at"),
+        "last_save": with_iso_times(w.last_save),
+        "commit": with_iso_times(w.commit),
         "commit_overran": iso(w.commit_overran),
         "last_hold_timeout_at": iso(w.last_hold_timeout_at),
-        "last_overrun": _stamped(w.last_overrun, "at"),
+        "last_overrun": with_iso_times(w.last_overrun),
         "pause_unavailable": None,
         "adapter": NO_ADAPTER,
         "cuda_memory": None,

@@ -28,6 +28,7 @@ from weights import services
 from weights.errors import weights_error
 from weights.models import Checkpoint
 from weights.status import status_body
+from weights.times import with_iso_times
 
 ATTACHMENT_HEADER = "X-miLLM-Attachment"
 HOLDER_ROLES = (Role.TRAINER, Role.OPERATOR)
@@ -39,7 +40,7 @@ AUDIT_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in Weights
 
 
 def envelope(data: Any) -> JsonResponse:
-    return JsonResponse({"success": True, "data": data, "error": None})
+    return JsonResponse({"success": True, "data": with_iso_times(data), "error": None})
 
 
 def _body(request) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -103,7 +104,9 @@ def test_every_state_refusal_has_its_status(server, holder):
     assert holder.call("commit-end").error == (409, "NO_OPEN_COMMIT", None)
     assert holder.ok("resume") == {"barrier": "serving", "weights_state": "clean"}  # a no-op while serving
     quiesced = holder.call("quiesce").data
-    assert quiesced["held_requests"] == 0 and quiesced["hold_deadline"] > quiesced["quiesced_at"]
+    assert quiesced["held_requests"] == 0
+    held_for = datetime.fromisoformat(quiesced["hold_deadline"]) - datetime.fromisoformat(quiesced["quiesced_at"])
+    assert held_for.total_seconds() == 30  # the module's WEIGHTS_HOLD_TIMEOUT_S
     assert holder.call("quiesce").error == (409, "ALREADY_QUIESCED", None)
     operator = new_token("operator", "ops-2")
     assert weights_call(server, "clear-stale", operator).error == (409, "ATTACHMENT_NOT_STALE", None)

@@ -119,7 +119,7 @@ def test_clear_stale_data_as_the_barrier_returns_it():
     body = {
         "success": True,
         "data": {
-            "cleared": {"role": "trainer", "label": "trainer", "stale_since": 1792000000.5},
+            "cleared": {"role": "trainer", "label": "trainer", "stale_since": "2026-10-17T00:00:30.500000+00:00"},
             "weights_state": "clean",
             "barrier": "serving",
         },
@@ -148,6 +148,19 @@ GOOD_STATUS = {
         "adapter": {"applied": False, "name": None},
         "cuda_memory": None,
         "exports_since_start": 0,
+        **dict.fromkeys(
+            (
+                "served_name",
+                "origin",
+                "commits",
+                "unsaved_commits",
+                "transition",
+                "attachable",
+                "not_attachable_reason",
+                "layout",
+                "forward_steps",
+            )
+        ),
     },
     "error": None,
 }
@@ -159,8 +172,8 @@ GOOD_QUIESCE = {
         "held_requests": 0,
         "held_batch_chunks": 0,
         "weights_state": "clean",
-        "quiesced_at": 1792000000.5,
-        "hold_deadline": 1792000030.5,
+        "quiesced_at": "2026-10-17T00:00:00.500000+00:00",
+        "hold_deadline": "2026-10-17T00:00:30.500000+00:00",
     },
     "error": None,
 }
@@ -194,7 +207,7 @@ GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDEN
         (
             "POST /api/weights/quiesce",
             GOOD_QUIESCE,
-            lambda b: b["data"].update(quiesced_at="2026-10-17T00:00:00+00:00"),
+            lambda b: b["data"].update(quiesced_at=1792000000.5),
         ),
         (
             "POST /api/weights/clear-stale",
@@ -215,7 +228,7 @@ GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDEN
         "resident_without_served_name",
         "resident_steps_null",
         "origin",
-        "iso_in_quiesce",
+        "epoch_in_quiesce",
         "error_reason_type",
     ],
 )

@@ -14,6 +14,7 @@ from inference.models import CatalogModel
 from tests.inference.serving import wait_for
 from tests.inference.weights_calls import Holder, load_attachable, new_token, status, weights_call
 from weights.client import WeightsClient
+from weights.schema_check import validate_weights_response
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,7 +96,9 @@ def test_a_silent_trainer_goes_stale_and_only_an_operator_clears_it(server, hold
     assert stale["attachment"]["stale_since"] is not None and stale["attached"] is True
     assert weights_call(server, "attach", new_token("trainer", "next")).error[:2] == (409, "ALREADY_ATTACHED")
     assert weights_call(server, "clear-stale", holder.token).error[:2] == (403, "WEIGHTS_FORBIDDEN")
-    cleared = weights_call(server, "clear-stale", new_token("operator", "ops-2")).data
+    answer = weights_call(server, "clear-stale", new_token("operator", "ops-2"))
+    validate_weights_response("POST /api/weights/clear-stale", answer.body)
+    cleared = answer.data
     assert cleared["cleared"]["label"] == "trainer" and cleared["weights_state"] == "clean"
     assert status(server)["attached"] is False
     holder.attachment_id = None
