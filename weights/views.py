@@ -55,18 +55,20 @@ def _body(request) -> dict[str, Any]:
     return body
 
 
-async def _token(request, roles: tuple[str, ...]):
+async def _token(request):
     try:
-        token = await aauthenticate_token(bearer_secret(request))
+        return await aauthenticate_token(bearer_secret(request))
     except Unauthorized as exc:
         raise weights_error(
             "WEIGHTS_UNAUTHORIZED", "a valid trainer or operator token is required", reason=exc.reason
         ) from None
+
+
+def _check_role(token, roles: tuple[str, ...]) -> None:
     if token.role not in roles:
         raise weights_error(
             "WEIGHTS_FORBIDDEN", f"a {token.role} token may not call this route", reason=f"role_{token.role}"
         )
-    return token
 
 
 async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = HOLDER_ROLES) -> JsonResponse:
@@ -75,7 +77,8 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
     record = services.CallRecord()
     token = None
     try:
-        token = await _token(request, roles)
+        token = await _token(request)
+        _check_role(token, roles)
         body = _body(request)
         attachment_id = request.headers.get(ATTACHMENT_HEADER) or None
         data = await services.call_barrier(
@@ -92,7 +95,8 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
             error = weights_error(
                 "MODEL_NOT_LOADED" if isinstance(error, NoModelsLoaded) else "INTERNAL", error.message
             )
-        name = AUDIT_OPERATION[operation] if token is not None else "weights_" + operation.value.replace("-", "_")
+        token_refused = error.code in ("WEIGHTS_UNAUTHORIZED", "WEIGHTS_FORBIDDEN")
+        name = "weights_" + operation.value.replace("-", "_") if token_refused else AUDIT_OPERATION[operation]
         await _audit(name, request, token, record, started, error)
         raise error from None
     await _audit(AUDIT_OPERATION[operation], request, token, record, started, None)

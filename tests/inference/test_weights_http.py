@@ -160,6 +160,8 @@ def test_every_gated_call_is_audited_with_the_spec_fields_and_no_secret(server, 
     holder.call("quiesce")  # refused: ALREADY_QUIESCED
     holder.ok("resume")
     weights_call(server, "save")  # no token: audited as weights_save
+    weights_call(server, "clear-stale", holder.token)  # a trainer token: refused, with who asked
+    attachment_id = holder.attachment_id
     holder.detach()
     events = list(AuditEvent.objects.filter(operation__startswith="weights_").order_by("id"))
     assert [e.operation for e in events] == [
@@ -172,6 +174,7 @@ def test_every_gated_call_is_audited_with_the_spec_fields_and_no_secret(server, 
         "weights_quiesce",
         "weights_resume",
         "weights_save",
+        "weights_clear_stale",
         "weights_detach",
     ]
     refused = events[6]
@@ -179,11 +182,17 @@ def test_every_gated_call_is_audited_with_the_spec_fields_and_no_secret(server, 
     end = events[3]
     assert end.details["weights_state_before"] == "writing" and end.details["weights_state"] == "clean"
     assert end.details["steps"] == 1 and end.details["elapsed_ms"] >= 0 and end.details["role"] == "trainer"
-    assert all(len(e.details["attachment"]) == 8 for e in events if e.operation != "weights_save")
+    token_refusals = events[8:10]
+    assert all(len(e.details["attachment"]) == 8 for e in events if e not in token_refusals)
     assert events[8].error_type == "WEIGHTS_UNAUTHORIZED" and events[8].actor_kind == "anonymous"
+    assert (events[9].error_type, events[9].actor_label, events[9].details["role"]) == (
+        "WEIGHTS_FORBIDDEN",
+        "trainer",
+        "trainer",
+    )
     rows = json.dumps([[e.reason, e.details, e.actor_label, e.model] for e in events])
-    assert holder.token not in rows and holder.attachment_id is None
-    assert holder.token not in server.log()
+    assert holder.token not in rows and attachment_id not in rows
+    assert holder.token not in server.log() and attachment_id not in server.log()
 
 
 def test_the_served_weights_are_named_on_every_response(server, holder):
