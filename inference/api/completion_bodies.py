@@ -53,14 +53,21 @@ def usage_body(generations: list[Generation]) -> dict[str, Any]:
 
 
 def logprobs_content(tokens: p.Tokens) -> list[dict[str, Any]]:
-    """OpenAI's `logprobs.content` entries for the tokens of one TOKENS message: `token` is the text the token added
-    to the output (so the entries spell it), `bytes` the token's own bytes."""
+    """OpenAI's `logprobs.content` entries for the tokens of one TOKENS message: `token` is what the token added to
+    the text and `bytes` its UTF-8, so the entries' tokens, and their bytes, spell the text exactly (a token that
+    ends in half a character adds nothing until the token that completes it; a character that never completes is
+    U+FFFD, as in the text). The alternatives are tokens as they are."""
 
     def entry(token: bytes, logprob: float) -> dict[str, Any]:
         return {"token": token.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(token)}
 
     return [
-        {**entry(lp.token, lp.logprob), "token": lp.text, "top_logprobs": [entry(t.token, t.logprob) for t in lp.top]}
+        {
+            "token": lp.text,
+            "logprob": lp.logprob,
+            "bytes": list(lp.text.encode()),
+            "top_logprobs": [entry(t.token, t.logprob) for t in lp.top],
+        }
         for lp in tokens.logprobs or []
     ]
 

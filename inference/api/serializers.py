@@ -90,8 +90,23 @@ def _clamp(value: float, low: float, high: float) -> float:
 # -- chat completions ---------------------------------------------------------------------------------------------
 
 
-class LenientTextField(serializers.Field):
-    """A message's content: a string is kept, any other JSON value (an array of parts, a number, null) reads as ""."""
+TEXT_PARTS = ("text", "input_text", "output_text")  # OpenAI's chat and Responses names of a text part
+MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "file", "input_file", "video_url")
+
+
+class ContentField(serializers.Field):
+    """A message's content: a string; an array of content parts, whose text parts are joined in order (what a
+    chat template does with them, so parts and the same text as a string give the same prompt); or null (an
+    assistant turn that only calls tools), read as "". A part a text model cannot read (an image, audio, a file) is
+    a 400 that says so, rather than being dropped."""
+
+    default_error_messages = {
+        "type": "content must be a string, an array of content parts or null",
+        "part": "each content part must be an object with a string `type`",
+        "media": "this server's models read text only: a content part of type {kind!r} cannot be read",
+        "unknown": "unknown content part type {kind!r} (text parts are of type 'text')",
+        "text": "a text content part needs a string `text`",
+    }
 
     def __init__(self, **kwargs):
         super().__init__(required=False, allow_null=True, default="", **kwargs)
@@ -102,7 +117,23 @@ class LenientTextField(serializers.Field):
         return super().validate_empty_values(data)
 
     def to_internal_value(self, data):
-        return data if isinstance(data, str) else ""
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list):
+            self.fail("type")
+        texts = []
+        for part in data:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not isinstance(kind, str):
+                self.fail("part")
+            if kind in MEDIA_PARTS:
+                self.fail("media", kind=kind)
+            if kind not in TEXT_PARTS:
+                self.fail("unknown", kind=kind)
+            if not isinstance(part.get("text"), str):
+                self.fail("text")
+            texts.append(part["text"])
+        return "".join(texts)
 
     def to_representation(self, value):
         return value
@@ -204,10 +235,10 @@ def session_id_from_header(headers: Any) -> str | None:
 
 
 class MessageSerializer(serializers.Serializer):
-    """One chat turn. A missing role is a user turn; non-string content is read as empty."""
+    """One chat turn. A missing role is a user turn (the spec's choice); content as ContentField reads it."""
 
     role = serializers.ChoiceField(choices=ROLES, default="user")
-    content = LenientTextField()
+    content = ContentField()
     reasoning_content = serializers.CharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     tool_calls = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
     tool_call_id = serializers.CharField(required=False, allow_blank=True)

@@ -262,9 +262,10 @@ class Scheduler:
                     seq.defer_grammar()
             lps = None
             if logprobs is not None:  # a stop token ends the turn and is not part of the text: it has no entry
-                lps = (
-                    [] if token_id in seq.stop_token_ids else [self._token_logprob(token_id, seq.token_text, logprobs)]
+                entry = (
+                    None if token_id in seq.stop_token_ids else self._token_logprob(token_id, seq.token_text, logprobs)
                 )
+                lps = seq.spell(entry, text)
             out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
             if seq.is_finished:
                 if seq.conversation is not None and seq.slot is not None:

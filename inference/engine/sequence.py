@@ -7,8 +7,10 @@ client never receives part of a stop string, and the stop string itself is never
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
+from inference.engine.contract.messages import TokenLogprob
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -38,7 +40,7 @@ class Sequence:
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
         "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
-        "token_text",
+        "token_text", "unspelled", "released_chars", "spelled_chars",
         "repetition",
     )  # fmt: skip
 
@@ -79,6 +81,10 @@ class Sequence:
         self.session_conflict = False
         self.finalizing = False
         self.token_text = ""  # the text the last appended token added to the decoded output (before stop strings)
+        # Logprob entries wait here until the text they spell is released (a stop string may still cut it):
+        self.unspelled: deque[TokenLogprob] = deque()
+        self.released_chars = 0  # characters of text released to the client
+        self.spelled_chars = 0  # of those, the characters the logprob entries sent so far spell
         self.think: ThinkBlock | None = None  # the think block and its budget, for a chat on a think-style template
         self.deferred_grammar: llguidance.LLMatcher | None = None  # the answer's grammar, while the prompt's think
         # block is open (the reasoning is free); it moves to `sampling.grammar` when the block closes
@@ -149,6 +155,27 @@ class Sequence:
                 self.token_text += rest
                 text += self._release(rest, final=True)
         return text
+
+    def spell(self, entry: TokenLogprob | None, released: str) -> list[TokenLogprob]:
+        """The logprob entries to send with `released` (the text append_token just released), after queueing the
+        newest token's `entry` (None for a stop token, which adds no text). An entry goes out once all of its text
+        is released, so the entries sent always spell the text sent; when the sequence finished, the entry a stop
+        string cut is cut with it and the entries wholly past the cut are dropped."""
+        if entry is not None:
+            self.unspelled.append(entry)
+        self.released_chars += len(released)
+        out = []
+        while self.unspelled and self.spelled_chars + len(self.unspelled[0].text) <= self.released_chars:
+            out.append(self.unspelled.popleft())
+            self.spelled_chars += len(out[-1].text)
+        if self.is_finished and self.unspelled:
+            cut = self.unspelled.popleft()
+            room = self.released_chars - self.spelled_chars
+            cut.text = cut.text[:room]
+            self.spelled_chars += room
+            out.append(cut)
+            self.unspelled.clear()
+        return out
 
     def _release(self, new_text: str, *, final: bool) -> str:
         """Adds `new_text` after the held text and returns what may be sent now."""

@@ -45,9 +45,12 @@ def test_max_tokens_clamps_and_alias(fields, expected):
 
 def test_penalties_logit_bias_and_top_logprobs_are_clamped():
     request = chat(
-        presence_penalty=5, frequency_penalty=-9, logprobs=True, top_logprobs=50,
+        presence_penalty=5,
+        frequency_penalty=-9,
+        logprobs=True,
+        top_logprobs=50,
         logit_bias={"7": 250, "8": -1000, "9": 1.5, "x": 3, "10": "high", "11": True},
-    )  # fmt: skip
+    )
     assert request.sampling.presence_penalty == 2.0
     assert request.sampling.frequency_penalty == -2.0
     assert request.sampling.top_logprobs == 20
@@ -65,20 +68,45 @@ def test_stop_string_or_list_and_stream_options():
     assert streaming.stream and streaming.include_usage
 
 
-def test_messages_missing_role_is_user_and_non_string_content_is_empty():
+def test_messages_missing_role_is_user_and_text_parts_are_joined():
+    parts = [{"type": "text", "text": "Once upon "}, {"type": "input_text", "text": "a time"}]
     request = parse_chat_request(
         json.dumps(
-            {"messages": [{"content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "x"}]},
-                          {"role": "assistant", "content": None, "reasoning_content": "thought"},
-                          {"role": "user", "content": "again", "reasoning_content": "dropped"}]}
+            {
+                "messages": [
+                    {"content": "hi"},
+                    {"role": "user", "content": parts},
+                    {"role": "assistant", "content": None, "reasoning_content": "thought"},
+                    {"role": "user", "content": "again", "reasoning_content": "dropped"},
+                ]
+            }
         ).encode()
-    )  # fmt: skip
+    )
     assert request.messages == [
         {"role": "user", "content": "hi"},
-        {"role": "user", "content": ""},
+        {"role": "user", "content": "Once upon a time"},
         {"role": "assistant", "content": "", "reasoning_content": "thought"},
         {"role": "user", "content": "again"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "mentions"),
+    [
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}], "'image_url' cannot be read"),
+        (
+            [{"type": "text", "text": "look"}, {"type": "input_audio", "input_audio": {}}],
+            "'input_audio' cannot be read",
+        ),
+        ([{"type": "hologram", "text": "x"}], "unknown content part type 'hologram'"),
+        ([{"type": "text"}], "needs a string `text`"),
+        (["bare string"], "must be an object"),
+        (42, "must be a string, an array of content parts or null"),
+    ],
+)
+def test_content_a_text_model_cannot_read_is_refused(content, mentions):
+    with pytest.raises(InvalidRequest, match=mentions):
+        parse_chat_request(json.dumps({"messages": [{"role": "user", "content": content}]}).encode())
 
 
 def test_seed_is_kept_within_63_bits():
@@ -152,9 +180,16 @@ def test_load_body():
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"{oops", b"{}", b'{"name": "x"}', b'{"path": "/m", "dies": [0,1,2,3,4,5,6,7,8]}',
-     b'{"path": "/m", "device": "tpu"}', b'{"path": "/m", "dies": [-1]}'],
-)  # fmt: skip
+    [
+        b"",
+        b"{oops",
+        b"{}",
+        b'{"name": "x"}',
+        b'{"path": "/m", "dies": [0,1,2,3,4,5,6,7,8]}',
+        b'{"path": "/m", "device": "tpu"}',
+        b'{"path": "/m", "dies": [-1]}',
+    ],
+)
 def test_invalid_load_bodies(raw):
     with pytest.raises(InvalidRequest):
         parse_body(LoadModelSerializer, raw)

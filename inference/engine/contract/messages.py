@@ -221,9 +221,9 @@ class TopLogprob(msgspec.Struct, array_like=True, kw_only=True):
 
 class TokenLogprob(msgspec.Struct, array_like=True, kw_only=True):
     """The log-probability of one chosen token and, when asked for, the best alternatives at its position. `text` is
-    what the token added to the decoded output: its bytes as text, except where decoding differs (a SentencePiece
-    first token's leading space is dropped; a token that ends in half a UTF-8 character adds it only with the next
-    token), so the chosen tokens' texts spell the output exactly."""
+    what the token added to the text the client received: its bytes as text, except where decoding differs (a
+    SentencePiece first token's leading space is dropped; a token that ends in half a UTF-8 character adds it only
+    with the next token; a stop string cuts it), so the chosen tokens' texts spell the output exactly."""
 
     token_id: int
     token: bytes
