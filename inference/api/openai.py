@@ -98,6 +98,10 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             sampling=chat.sampling_for_choice(i),
             max_tokens=chat.max_tokens,
             stop=chat.stop,
+            stop_token_ids=chat.stop_token_ids,
+            ignore_eos=chat.ignore_eos,
+            min_tokens=chat.min_tokens,
+            skip_special_tokens=chat.skip_special_tokens,
             session_id=chat.session_id if i == 0 else None,
             reasoning_budget=chat.reasoning_budget,
         )

@@ -284,6 +284,13 @@ class ChatCompletionSerializer(serializers.Serializer):
         required=False, allow_null=True, min_value=0, max_value=TOKEN_ID_LIMIT
     )
     n = serializers.IntegerField(required=False, allow_null=True, default=1)
+    # vLLM's extensions, which benchmarks and evaluation harnesses send
+    ignore_eos = serializers.BooleanField(default=False)
+    min_tokens = serializers.IntegerField(default=0, min_value=0, max_value=MAX_TOKENS_LIMIT)
+    stop_token_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=TOKEN_ID_LIMIT - 1), default=list, max_length=64
+    )
+    skip_special_tokens = serializers.BooleanField(default=True)
     session_id = SessionIdField()
     prompt_cache_key = SessionIdField()  # OpenAI's name for it
     promptCacheKey = SessionIdField()  # noqa: N815  opencode's camelCase body field
@@ -336,6 +343,10 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         n=min(n, MAX_CHOICES),
         n_status="capped_to_8" if n > MAX_CHOICES else None,
         session_id=session_id,
+        ignore_eos=data["ignore_eos"],
+        min_tokens=min(data["min_tokens"], max_tokens, MAX_TOKENS_LIMIT),
+        stop_token_ids=list(data["stop_token_ids"]),
+        skip_special_tokens=data["skip_special_tokens"],
     )
 
 
@@ -368,6 +379,10 @@ class ChatRequest:
     n: int = 1  # separate decodes, each a choice
     n_status: str | None = None  # why fewer choices than asked for come back
     session_id: str | None = None  # the session whose KV this conversation keeps between turns
+    ignore_eos: bool = False  # decode through the model's end-of-sequence tokens (to max_tokens or a stop)
+    min_tokens: int = 0  # tokens before any stop token may end the answer
+    stop_token_ids: list[int] = field(default_factory=list)  # more tokens that end the answer
+    skip_special_tokens: bool = True  # special tokens the model writes are left out of the text
 
     @property
     def wants_logprobs(self) -> bool:

@@ -238,10 +238,11 @@ class HostedModel:
             req.request_id,
             prompt,
             sampling=SequenceSampling(req.sampling, vocab, grammar),
-            detokenizer=IncrementalDetokenizer(model.tokenizer),
+            detokenizer=IncrementalDetokenizer(model.tokenizer, skip_special_tokens=req.skip_special_tokens),
             stop_token_ids=stop_ids,
             stop=req.stop,
             max_tokens=req.max_tokens,
+            min_tokens=req.min_tokens,
             context_window=window,
             session_id=req.session_id,
         )

@@ -38,7 +38,8 @@ class Sequence:
 
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
-        "max_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason", "arrival", "_held",
+        "max_tokens", "min_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason",
+        "arrival", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
         "token_text", "unspelled", "released_chars", "spelled_chars",
         "repetition",
@@ -54,6 +55,7 @@ class Sequence:
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
         stop: list[str] | tuple[str, ...] = (),
         max_tokens: int,
+        min_tokens: int = 0,
         context_window: int,
         arrival: float = 0.0,
         session_id: str | None = None,
@@ -68,6 +70,9 @@ class Sequence:
         self.stop_token_ids = frozenset(stop_token_ids)
         self.stop = [s for s in stop if s]
         self.max_tokens = max_tokens
+        self.min_tokens = min_tokens  # stop tokens are refused until this many tokens are out
+        if min_tokens and sampling is not None:
+            sampling.refuse(self.stop_token_ids)
         self.context_window = context_window
         self.slot: int | None = None
         self.num_prefilled = 0  # prompt tokens whose KV is in the slot
@@ -99,7 +104,8 @@ class Sequence:
     def arm_deferred_grammar(self) -> None:
         """The think block closed: the answer follows the grammar, which decides when it may end."""
         self.sampling.grammar, self.deferred_grammar = self.deferred_grammar, None
-        self.sampling.allow(self.stop_token_ids)
+        if len(self.output_ids) >= self.min_tokens:
+            self.sampling.allow(self.stop_token_ids)
 
     @property
     def grammar(self) -> llguidance.LLMatcher | None:
@@ -139,6 +145,8 @@ class Sequence:
         if self.is_finished:
             raise RuntimeError(f"sequence {self.request_id} already finished ({self.finish_reason})")
         self.output_ids.append(token_id)
+        if len(self.output_ids) == self.min_tokens and self.deferred_grammar is None and self.sampling is not None:
+            self.sampling.allow(self.stop_token_ids)  # min_tokens reached: the answer may end from here
         if token_id in self.stop_token_ids:
             self.finish_reason = STOP
             self.token_text = ""

@@ -95,3 +95,25 @@ def test_logprob_tokens_spell_content_cut_by_a_stop_string(api, stories):
     assert choice["finish_reason"] == "stop" and stop not in choice["message"]["content"]
     assert "".join(e["token"] for e in choice["logprobs"]["content"]) == choice["message"]["content"]
     assert b"".join(bytes(e["bytes"]) for e in choice["logprobs"]["content"]) == choice["message"]["content"].encode()
+
+
+def test_vllm_fields_ignore_eos_min_tokens_stop_token_ids_and_special_tokens(api, stories, demo):
+    prompt = [{"role": "user", "content": STORY}]
+    eos = {"logit_bias": {"2": 100}, "max_tokens": 6}  # stories260K's end of sequence, every time
+    assert chat(api, stories, prompt, **eos)["usage"]["completion_tokens"] == 1  # it ends at once ...
+    assert chat(api, stories, prompt, **eos, ignore_eos=True)["usage"]["completion_tokens"] == 6  # ... or goes on
+    at_least = chat(api, stories, prompt, **eos, min_tokens=4)
+    assert at_least["usage"]["completion_tokens"] == 5 and at_least["choices"][0]["finish_reason"] == "stop"
+    forced = {"logit_bias": {"300": 100}, "max_tokens": 3}  # " ha", every time
+    assert chat(api, stories, prompt, **forced)["choices"][0]["message"]["content"] == "ha ha ha"
+    cut = chat(api, stories, prompt, **forced, stop_token_ids=[300])
+    assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] == 1
+    assert cut["choices"][0]["message"]["content"] == ""  # a stop token is not part of the text
+    special = {"logit_bias": {"1": 100}, "max_tokens": 2}  # the demo model's <|im_start|>, a special token
+    assert chat(api, demo, prompt, **special)["choices"][0]["message"]["content"] == ""
+    kept = chat(api, demo, prompt, **special, skip_special_tokens=False)["choices"][0]["message"]["content"]
+    assert kept == "<|im_start|><|im_start|>"
+    assert (
+        api.post("/v1/chat/completions", json={"model": stories, "messages": prompt, "min_tokens": -1}).status_code
+        == 400
+    )

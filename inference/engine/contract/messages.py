@@ -65,6 +65,8 @@ class Submit(Message, tag="S"):
     stop: list[str] = []
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    min_tokens: int = 0  # stop tokens are refused until this many tokens were generated
+    skip_special_tokens: bool = True  # leave the special tokens the model writes out of the text
     session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
 
     def __post_init__(self) -> None:
@@ -72,6 +74,8 @@ class Submit(Message, tag="S"):
             raise ValueError("exactly one of messages and prompt_token_ids must be given")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be positive")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
 
 
 class Abort(Message, tag="A"):
