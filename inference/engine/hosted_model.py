@@ -90,7 +90,10 @@ def _probe_render(template: ChatTemplate) -> str:
 
 
 def prompt_text_length(req: p.Submit) -> int:
-    """Characters of the chat messages' text that a template writes out whole (see BOUNDED_ROLES)."""
+    """Characters of a text prompt, or of the chat messages' text that a template writes out whole (see
+    BOUNDED_ROLES)."""
+    if req.prompt is not None:
+        return len(req.prompt)
     texts = (m.get("content") for m in req.messages or () if m.get("role") in BOUNDED_ROLES)
     return sum(len(text) for text in texts if isinstance(text, str))
 
@@ -213,6 +216,8 @@ class HostedModel:
         model, window = self.model, self.scheduler.context_window
         if req.prompt_token_ids is not None:
             prompt = list(req.prompt_token_ids)
+        elif req.prompt is not None:
+            prompt = model.tokenizer.encode(req.prompt, add_special_tokens=True)
         else:
             try:
                 prompt = self._chat_prompt(req)
@@ -243,6 +248,7 @@ class HostedModel:
             stop=req.stop,
             max_tokens=req.max_tokens,
             min_tokens=req.min_tokens,
+            prompt_logprobs=req.prompt_logprobs,
             context_window=window,
             session_id=req.session_id,
         )

@@ -33,6 +33,7 @@ from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
 from inference.engine.sessions import SessionTable
+from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
 
 
@@ -165,7 +166,9 @@ class Scheduler:
             seq.cached_tokens = turn.cached_tokens
         else:
             seq.slot = self.runner.allocate_slot()
-            seq.cached_tokens = self.runner.reuse_prefix(seq.slot, seq.prompt_ids)
+            # a scored prompt is computed whole: reused blocks would have no logits to score their tokens with
+            scored = seq.prompt_logprobs is not None
+            seq.cached_tokens = 0 if scored else self.runner.reuse_prefix(seq.slot, seq.prompt_ids)
         seq.num_prefilled = seq.cached_tokens
 
     def step(self) -> list[Message]:
@@ -191,7 +194,15 @@ class Scheduler:
             self._measure_prefill(sum(len(chunk) for _, chunk in plan.prefills), time.perf_counter() - started)
             for i, (seq, chunk) in enumerate(plan.prefills):
                 seq.num_prefilled += len(chunk)
-                if seq.prefill_done:
+                if seq.prefill_done and seq.prompt_logprobs is not None:
+                    out.append(
+                        Tokens(
+                            request_id=seq.request_id, token_ids=[], text="", prompt_logprobs=self._scored_prompt(seq)
+                        )
+                    )
+                if seq.prefill_done and seq.max_tokens == 0:  # only the prompt was asked for (its logprobs)
+                    out.append(self._end_unsampled(seq))
+                elif seq.prefill_done:
                     rows.append(seq)
                     logits.append(last[i : i + 1])
         if plan.decode:
@@ -223,15 +234,43 @@ class Scheduler:
 
     def _prefill(self, prefills: list[tuple[Sequence, list[int]]]) -> torch.Tensor:
         """Runs the step's prefill chunks, as one batch when padding them to the longest at most doubles the work
-        and every slot has room for the padding, else one after another. Returns each chunk's last logits [P, V]."""
-        if len(prefills) == 1:
-            seq, chunk = prefills[0]
-            return self.runner.prefill(seq.slot, chunk)[None]
+        and every slot has room for the padding, else one after another (always, when a chunk's prompt is scored).
+        Returns each chunk's last logits [P, V]."""
+        if len(prefills) == 1 or any(seq.prompt_logprobs is not None for seq, _ in prefills):
+            return torch.stack([self._prefill_one(seq, chunk) for seq, chunk in prefills])
         width = max(len(chunk) for _, chunk in prefills)
         cheap = len(prefills) * width <= 2 * sum(len(chunk) for _, chunk in prefills)
         if cheap and all(self.runner.slot_length(seq.slot) + width <= self.context_window for seq, _ in prefills):
             return self.runner.prefill_batch([seq.slot for seq, _ in prefills], [chunk for _, chunk in prefills])
         return torch.stack([self.runner.prefill(seq.slot, chunk) for seq, chunk in prefills])
+
+    def _prefill_one(self, seq: Sequence, chunk: list[int]) -> torch.Tensor:
+        """One chunk's prefill; for a scored prompt, also the log-probability of each of its tokens that the chunk's
+        positions predict (teacher forcing: position i's logits score token i + 1). Returns the last logits [V]."""
+        if seq.prompt_logprobs is None:
+            return self.runner.prefill(seq.slot, chunk)
+        start = seq.num_prefilled
+        logprobs = self.runner.prefill(seq.slot, chunk, all_logits=True).log_softmax(-1)  # [L, V]
+        targets = seq.prompt_ids[start + 1 : start + 1 + len(chunk)]  # the last position's target may be beyond it
+        rows = torch.arange(len(targets))
+        chosen = logprobs[rows, torch.tensor(targets, dtype=torch.long)].tolist()
+        top = logprobs[: len(targets)].topk(seq.prompt_logprobs, dim=-1) if seq.prompt_logprobs else None
+        token_bytes = self.tokenizer.token_bytes
+        for j, (token_id, value) in enumerate(zip(targets, chosen, strict=True)):
+            alternatives = []
+            if top is not None:
+                pairs = zip(top.indices[j].tolist(), top.values[j].tolist(), strict=True)
+                alternatives = [TopLogprob(token_id=t, token=token_bytes(t), logprob=v) for t, v in pairs]
+            entry = TokenLogprob(token_id=token_id, token=token_bytes(token_id), logprob=value, top=alternatives)
+            seq.prompt_entries.append(entry)
+        return logprobs[-1]
+
+    def _end_unsampled(self, seq: Sequence) -> Finished:
+        """A sequence that asked for no output tokens ends once its prompt is in."""
+        seq.finish_reason = "length"
+        self.running.remove(seq)
+        self._release(seq)
+        return self._finished(seq)
 
     def _measure_prefill(self, tokens: int, seconds: float) -> None:
         if seconds > 0:
@@ -288,6 +327,19 @@ class Scheduler:
             session_conflict=seq.session_conflict,
             grammar_complete=None if (grammar := seq.grammar) is None else grammar.is_accepting(),
         )
+
+    def _scored_prompt(self, seq: Sequence) -> list[TokenLogprob]:
+        """Every prompt token's entry, with the text it adds to the decoded prompt (so the entries spell it); the
+        first token has no log-probability (nothing before it to score it by)."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer)
+        texts = [detokenizer.push(token_id) for token_id in seq.prompt_ids]
+        texts[-1] += detokenizer.flush()
+        first = seq.prompt_ids[0]
+        entries = [TokenLogprob(token_id=first, token=self.tokenizer.token_bytes(first), logprob=None)]
+        entries += seq.prompt_entries
+        for entry, text in zip(entries, texts, strict=True):
+            entry.text = text
+        return entries
 
     def _release(self, seq: Sequence) -> None:
         """Frees a sequence's slot, or hands it to its session's conversation. Ends a session turn exactly once."""

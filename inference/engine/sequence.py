@@ -41,7 +41,7 @@ class Sequence:
         "max_tokens", "min_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason",
         "arrival", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
-        "token_text", "unspelled", "released_chars", "spelled_chars",
+        "token_text", "unspelled", "released_chars", "spelled_chars", "prompt_logprobs", "prompt_entries",
         "repetition",
     )  # fmt: skip
 
@@ -56,6 +56,7 @@ class Sequence:
         stop: list[str] | tuple[str, ...] = (),
         max_tokens: int,
         min_tokens: int = 0,
+        prompt_logprobs: int | None = None,
         context_window: int,
         arrival: float = 0.0,
         session_id: str | None = None,
@@ -74,6 +75,10 @@ class Sequence:
         if min_tokens and sampling is not None:
             sampling.refuse(self.stop_token_ids)
         self.context_window = context_window
+        # With prompt_logprobs (alternatives per position), each prompt token's log-probability given those before
+        # it, filled as the prompt is prefilled (the prompt is then computed whole: no cached prefix is reused).
+        self.prompt_logprobs = prompt_logprobs
+        self.prompt_entries: list[TokenLogprob] = []
         self.slot: int | None = None
         self.num_prefilled = 0  # prompt tokens whose KV is in the slot
         self.cached_tokens = 0  # prompt tokens whose KV was reused rather than computed

@@ -209,7 +209,7 @@ class Worker:
             message = f"the weights of {req.model!r} are torn; they are restored with POST /api/weights/load"
             raise refusal(req.request_id, Reason.WEIGHTS_TORN, message)
         hosted.check_bound(req)
-        if req.messages is None or prompt_text_length(req) < INLINE_PREPARE_CHARS:
+        if req.prompt_token_ids is not None or prompt_text_length(req) < INLINE_PREPARE_CHARS:
             self.admit(hosted, hosted.prepare(req))
         else:
             self.preparing[req.request_id] = PendingPrepare(hosted, self.preparer.submit(hosted.prepare, req))

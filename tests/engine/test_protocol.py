@@ -95,9 +95,10 @@ def _submit_values() -> list:
     return msgspec.msgpack.decode(p.encode(p.Submit(request_id="r9", model="m", prompt_token_ids=[1])))
 
 
-def _with(values: list, index: int, value) -> bytes:
+def _with(values: list, field: str, value) -> bytes:
+    """A SUBMIT frame with `field` (by name: its place follows the tag) set to `value`."""
     values = list(values)
-    values[index] = value
+    values[p.Submit.__struct_fields__.index(field) + 1] = value
     return msgspec.msgpack.encode(values)
 
 
@@ -109,11 +110,13 @@ def _with(values: list, index: int, value) -> bytes:
         (b"\xc1", None),  # not msgpack
         (msgspec.msgpack.encode(["A", "r1", "extra", "fields"]), "r1"),  # wrong arity
         (msgspec.msgpack.encode(7), None),  # not an array
-        (_with(_submit_values(), 7, {"top_k": "5"}), "r9"),  # a mistyped sampling field
-        (_with(_submit_values(), 7, {"warmth": 1.0}), "r9"),  # a sampling field nobody knows
-        (_with(_submit_values(), 7, {"temperature": float("nan")}), "r9"),  # an invariant broken
-        (_with(_submit_values(), 4, None), "r9"),  # neither messages nor prompt token ids
-        (_with(_submit_values(), 8, "7"), "r9"),  # max_tokens a string
+        (_with(_submit_values(), "sampling", {"top_k": "5"}), "r9"),  # a mistyped sampling field
+        (_with(_submit_values(), "sampling", {"warmth": 1.0}), "r9"),  # a sampling field nobody knows
+        (_with(_submit_values(), "sampling", {"temperature": float("nan")}), "r9"),  # an invariant broken
+        (_with(_submit_values(), "prompt_token_ids", None), "r9"),  # no prompt of any kind
+        (_with(_submit_values(), "prompt", "also text"), "r9"),  # two prompts
+        (_with(_submit_values(), "max_tokens", "7"), "r9"),  # max_tokens a string
+        (_with(_submit_values(), "max_tokens", -1), "r9"),  # max_tokens negative
     ],
 )
 def test_anything_else_is_a_protocol_error_naming_its_request(frame, request_id):

@@ -173,3 +173,31 @@ def test_pause_lets_running_finish_and_holds_the_queue_until_resume(model):
     assert not scheduler.running and len(scheduler.waiting) == 1 and not scheduler.has_work
     scheduler.resume()
     assert finished(run(scheduler), "held").completion_tokens == 8
+
+
+def test_a_scored_prompt_gets_the_teacher_forced_logprob_of_every_token_across_chunks(model):
+    prompt = model.tokenizer.encode(PROMPTS[1], add_special_tokens=True)
+    slot = model.runner.allocate_slot()
+    reference = model.runner.prefill(slot, prompt, all_logits=True).log_softmax(-1)  # [S, V], one pass
+    model.runner.free_slot(slot)
+    scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=2, prefill_chunk=5)
+    seq = Sequence(
+        "scored",
+        prompt,
+        sampling=SequenceSampling(SamplingParams(), model.runner.vocab_size),
+        detokenizer=IncrementalDetokenizer(model.tokenizer),
+        max_tokens=0,
+        prompt_logprobs=2,
+        context_window=model.runner.context_window,
+    )
+    scheduler.add(seq)
+    messages = run(scheduler)
+    done = finished(messages, "scored")
+    assert done.completion_tokens == 0 and done.finish_reason == "length" and tokens_of(messages, "scored") == []
+    (scored,) = [m for m in messages if isinstance(m, p.Tokens) and m.prompt_logprobs is not None]
+    entries = scored.prompt_logprobs
+    assert [e.token_id for e in entries] == prompt and entries[0].logprob is None
+    for position, entry in enumerate(entries[1:], start=1):
+        assert entry.logprob == pytest.approx(reference[position - 1, prompt[position]].item(), abs=1e-4)
+        assert [t.token_id for t in entry.top] == reference[position - 1].topk(2).indices.tolist()
+    assert "".join(e.text for e in entries) == model.tokenizer.decode(prompt)  # the entries spell the prompt

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
+from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
 from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
@@ -48,13 +48,17 @@ class Message(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fiel
 
 
 class Submit(Message, tag="S"):
-    """Start a generation. Exactly one of `messages` (rendered with the model's chat template in the worker) and
-    `prompt_token_ids` is set. Answered by STARTED, then TOKENS..., then FINISHED, or by one ERROR at any point."""
+    """Start a generation. Exactly one of `messages` (rendered with the model's chat template in the worker),
+    `prompt` (text, tokenized as it is, with the tokenizer's BOS) and `prompt_token_ids` is set. Answered by
+    STARTED, then TOKENS..., then FINISHED, or by one ERROR at any point. `max_tokens` 0 only prefills (with
+    `prompt_logprobs`, to score the prompt)."""
 
     request_id: str
     model: str
     messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None  # the log-probability of each prompt token, with this many alternatives
     tools: list[dict[str, Any]] | None = None
     tool_grammar: ToolGrammarMode | None = None  # constrain the calls to `tools` (None: free)
     tool_function: str | None = None  # with tool_grammar "required": the one function that may be called
@@ -70,10 +74,12 @@ class Submit(Message, tag="S"):
     session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
 
     def __post_init__(self) -> None:
-        if (self.messages is None) == (self.prompt_token_ids is None):
-            raise ValueError("exactly one of messages and prompt_token_ids must be given")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be positive")
+        if sum(p is not None for p in (self.messages, self.prompt, self.prompt_token_ids)) != 1:
+            raise ValueError("exactly one of messages, prompt and prompt_token_ids must be given")
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must not be negative")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= TOP_LOGPROBS_LIMIT:
+            raise ValueError(f"prompt_logprobs must be in [0, {TOP_LOGPROBS_LIMIT}]")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError("min_tokens must be in [0, max_tokens]")
 
@@ -231,19 +237,22 @@ class TokenLogprob(msgspec.Struct, array_like=True, kw_only=True):
 
     token_id: int
     token: bytes
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token, which nothing before it scores
     text: str = ""
     top: list[TopLogprob] = []
 
 
 class Tokens(Message, tag="t"):
     """New tokens of one generation, and the text they completed. `text` can be empty while a token finishes half a
-    UTF-8 character or might start a stop string; it is never a partial stop string."""
+    UTF-8 character or might start a stop string; it is never a partial stop string. For a SUBMIT with
+    prompt_logprobs, the first TOKENS (no token ids, no text) carries the prompt's: an entry per prompt token, with
+    the text it adds to the decoded prompt; the first has no log-probability."""
 
     request_id: str
     token_ids: list[int]
     text: str
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class Finished(Message, tag="f"):
