@@ -2,13 +2,14 @@
 
 from django.urls import path
 
-from inference.api import admin, health, openai, sessions
+from inference.api import admin, completions, health, openai, sessions
 
 urlpatterns = [
     path("", health.health),
     path("api/health/detailed", health.health_detailed),
     path("v1/models", openai.list_models),
     path("v1/chat/completions", openai.chat_completions),
+    path("v1/completions", completions.completions),
     path("admin/models", admin.list_instances),
     path("admin/models/load", admin.load),
     path("admin/models/unload", admin.unload),

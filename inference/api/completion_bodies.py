@@ -72,6 +72,18 @@ def logprobs_content(tokens: p.Tokens) -> list[dict[str, Any]]:
     ]
 
 
+def millm_model(placement: ModelPlacement | None) -> str | None:
+    """Which parameter set answered (X-miLLM-Model): `"<served name>";origin=<origin>;commits=<n>` (commits left out
+    when unknown), read when the answer is complete. The weights cannot change under a running generation (a
+    quiesce waits for it to finish), so what the served model carries then is what produced it, also for a request
+    that waited through a commit."""
+    weights = placement.weights if placement is not None else None
+    if weights is None:
+        return None
+    value = f"{json.dumps(weights.served_name)};origin={weights.origin}"
+    return value if weights.commits is None else f"{value};commits={weights.commits}"
+
+
 class CompletionContext:
     """What every body of one completion shares: id, creation time, the served name, the request, and the tool
     dialect the served model writes (from its LOADED)."""
@@ -99,15 +111,7 @@ class CompletionContext:
         return {"response_format_status": plan.final_status(complete)}
 
     def millm_model(self) -> str | None:
-        """Which parameter set answered: `"<served name>";origin=<origin>;commits=<n>` (commits left out when
-        unknown), read when the answer is complete. The weights cannot change under a running generation (a quiesce
-        waits for it to finish), so what the served model carries then is what produced it, also for a request that
-        waited through a commit."""
-        weights = self.placement.weights if self.placement is not None else None
-        if weights is None:
-            return None
-        value = f"{json.dumps(weights.served_name)};origin={weights.origin}"
-        return value if weights.commits is None else f"{value};commits={weights.commits}"
+        return millm_model(self.placement)
 
     def terminal_fields(self, terminal: bool) -> dict[str, Any]:
         """`millm_model` on a stream's terminal chunk (the last before [DONE])."""
@@ -115,8 +119,8 @@ class CompletionContext:
 
     def envelope(self, obj: str) -> dict[str, Any]:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-        if self.chat.n_status:
-            body["n_status"] = self.chat.n_status
+        if self.chat.generation.n_status:
+            body["n_status"] = self.chat.generation.n_status
         return body
 
 
@@ -188,7 +192,7 @@ async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -
             except EngineError as exc:
                 yield error_event(as_api_error(exc))
                 return
-    if ctx.chat.include_usage:
+    if ctx.chat.generation.include_usage:
         usage = {**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)}
         yield sse(usage | ctx.terminal_fields(True))
     yield sse("[DONE]")
@@ -231,7 +235,7 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
         yield event_chunk
     extra = {"tool_call_error": answer.error.body()} if answer.error is not None else {}
     reason = finish_reason(generation.finished.finish_reason, answer.calls)
-    terminal = index == ctx.chat.n - 1 and not ctx.chat.include_usage
+    terminal = index == ctx.chat.generation.n - 1 and not ctx.chat.generation.include_usage
     yield chunk({}, reason, top=ctx.format_status(generation.finished) | ctx.terminal_fields(terminal), **extra)
 
 

@@ -63,11 +63,11 @@ async def chat_completions(request):
             generations = await submit_choices(router.client, chat, model, ctx.id)
         except EngineError as exc:
             error = as_api_error(exc)
-            if chat.stream and isinstance(error, ContextOverBudget):
+            if chat.generation.stream and isinstance(error, ContextOverBudget):
                 return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",
                                              headers=SSE_HEADERS)  # fmt: skip
             raise error from exc
-        if chat.stream:
+        if chat.generation.stream:
             streaming = True
             body = counted(router, stream_chunks(generations, ctx))
             return StreamingHttpResponse(body, content_type="text/event-stream", headers=SSE_HEADERS)
@@ -81,14 +81,13 @@ async def chat_completions(request):
 
 
 async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, completion_id: str) -> list[Generation]:
-    """Submits one generation per choice, all at once (they decode side by side), and waits for their admission.
-    If any is refused the others are aborted and the refusal is raised; a cancelled wait aborts them all.
+    """Submits one generation per choice and waits for their admission (`admit_all`).
 
     The session key goes with the first choice only (spec: only the first uses the session's prefix cache); a model
     that keeps no sessions ignores it."""
     submits = [
         Submit(
-            request_id=completion_id if chat.n == 1 else f"{completion_id}-{i}",
+            request_id=completion_id if chat.generation.n == 1 else f"{completion_id}-{i}",
             model=model,
             messages=chat.messages,
             tools=chat.tool_plan.tools,
@@ -97,16 +96,22 @@ async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, co
             enable_thinking=chat.enable_thinking,
             sampling=chat.sampling_for_choice(i),
             max_tokens=chat.max_tokens,
-            stop=chat.stop,
-            stop_token_ids=chat.stop_token_ids,
-            ignore_eos=chat.ignore_eos,
-            min_tokens=chat.min_tokens,
-            skip_special_tokens=chat.skip_special_tokens,
+            stop=chat.generation.stop,
+            stop_token_ids=chat.generation.stop_token_ids,
+            ignore_eos=chat.generation.ignore_eos,
+            min_tokens=chat.generation.min_tokens,
+            skip_special_tokens=chat.generation.skip_special_tokens,
             session_id=chat.session_id if i == 0 else None,
             reasoning_budget=chat.reasoning_budget,
         )
-        for i in range(chat.n)
+        for i in range(chat.generation.n)
     ]
+    return await admit_all(client, submits)
+
+
+async def admit_all(client: EngineClient, submits: list[Submit]) -> list[Generation]:
+    """Submits every generation at once (they decode side by side) and waits for their admission. If any is
+    refused the others are aborted and the refusal is raised; a cancelled wait aborts them all."""
     results = await asyncio.gather(*(client.generate(submit) for submit in submits), return_exceptions=True)
     failures = [r for r in results if isinstance(r, BaseException)]
     if failures:

@@ -256,16 +256,14 @@ class StreamOptionsSerializer(serializers.Serializer):
     include_usage = serializers.BooleanField(default=False)
 
 
-class ChatCompletionSerializer(serializers.Serializer):
-    """POST /v1/chat/completions. Defaults: temperature 0.7, top_p 0.95, top_k 40, max_tokens 1024."""
+class GenerationSerializer(serializers.Serializer):
+    """The fields both generation routes take (chat and legacy completions). Defaults: temperature 0.7, top_p 0.95,
+    top_k 40 (the spec's)."""
 
     model = serializers.CharField(required=False, allow_null=True, allow_blank=True, default="")
-    messages = MessageSerializer(many=True, allow_empty=False)
     temperature = serializers.FloatField(default=0.7)
     top_p = serializers.FloatField(default=0.95)
     top_k = serializers.IntegerField(default=40)
-    max_tokens = serializers.IntegerField(required=False, allow_null=True)
-    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True)
     stop = StopField()
     stream = serializers.BooleanField(default=False)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
@@ -273,6 +271,22 @@ class ChatCompletionSerializer(serializers.Serializer):
     presence_penalty = serializers.FloatField(default=0.0)
     frequency_penalty = serializers.FloatField(default=0.0)
     logit_bias = LogitBiasField()
+    n = serializers.IntegerField(required=False, allow_null=True, default=1)
+    # vLLM's extensions, which benchmarks and evaluation harnesses send
+    ignore_eos = serializers.BooleanField(default=False)
+    min_tokens = serializers.IntegerField(default=0, min_value=0, max_value=MAX_TOKENS_LIMIT)
+    stop_token_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=TOKEN_ID_LIMIT - 1), default=list, max_length=64
+    )
+    skip_special_tokens = serializers.BooleanField(default=True)
+
+
+class ChatCompletionSerializer(GenerationSerializer):
+    """POST /v1/chat/completions (max_tokens default 1024)."""
+
+    messages = MessageSerializer(many=True, allow_empty=False)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True)
+    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True)
     logprobs = serializers.BooleanField(default=False)
     top_logprobs = serializers.IntegerField(default=0)
     tools = serializers.ListField(child=serializers.DictField(), required=False, allow_null=True)
@@ -283,17 +297,65 @@ class ChatCompletionSerializer(serializers.Serializer):
     max_reasoning_tokens = serializers.IntegerField(
         required=False, allow_null=True, min_value=0, max_value=TOKEN_ID_LIMIT
     )
-    n = serializers.IntegerField(required=False, allow_null=True, default=1)
-    # vLLM's extensions, which benchmarks and evaluation harnesses send
-    ignore_eos = serializers.BooleanField(default=False)
-    min_tokens = serializers.IntegerField(default=0, min_value=0, max_value=MAX_TOKENS_LIMIT)
-    stop_token_ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=0, max_value=TOKEN_ID_LIMIT - 1), default=list, max_length=64
-    )
-    skip_special_tokens = serializers.BooleanField(default=True)
     session_id = SessionIdField()
     prompt_cache_key = SessionIdField()  # OpenAI's name for it
     promptCacheKey = SessionIdField()  # noqa: N815  opencode's camelCase body field
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What both generation routes resolve from GenerationSerializer's fields besides sampling."""
+
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    n: int
+    n_status: str | None
+    ignore_eos: bool
+    min_tokens: int
+    stop_token_ids: list[int]
+    skip_special_tokens: bool
+
+
+def sampling_from(data: dict[str, Any], *, logprobs: bool, top_logprobs: int, grammar: str | None = None):
+    """The SamplingParams of GenerationSerializer's validated data, clamped as the spec says."""
+    try:
+        return SamplingParams(
+            temperature=data["temperature"],
+            top_p=_clamp(data["top_p"], 0.0, 1.0),
+            top_k=int(_clamp(data["top_k"], 0, TOKEN_ID_LIMIT)),
+            presence_penalty=_clamp(data["presence_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+            frequency_penalty=_clamp(data["frequency_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
+            logprobs=logprobs,
+            top_logprobs=int(_clamp(top_logprobs, 0, TOP_LOGPROBS_LIMIT)) if logprobs else 0,
+            seed=None if data.get("seed") is None else data["seed"] % SEED_LIMIT,
+            logit_bias=data["logit_bias"] or None,
+            grammar=grammar,
+        )
+    except ValueError as exc:  # what the clamps leave: a number that is not finite
+        raise InvalidRequest(str(exc), reason="sampling") from None
+
+
+def sampling_for_choice(sampling: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index`'s sampling: with a seed, choice i uses seed + i (so each choice differs, reproducibly)."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return msgspec.structs.replace(sampling, seed=(sampling.seed + index) % SEED_LIMIT)
+
+
+def generation_from(data: dict[str, Any], max_tokens: int) -> Generation:
+    n = max(1, data.get("n") or 1)
+    return Generation(
+        stop=data["stop"],
+        stream=data["stream"],
+        include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
+        n=min(n, MAX_CHOICES),
+        n_status="capped_to_8" if n > MAX_CHOICES else None,
+        ignore_eos=data["ignore_eos"],
+        min_tokens=min(data["min_tokens"], max_tokens),
+        stop_token_ids=list(data["stop_token_ids"]),
+        skip_special_tokens=data["skip_special_tokens"],
+    )
 
 
 def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
@@ -309,44 +371,24 @@ def chat_request_from(data: dict[str, Any], headers: Any = None) -> ChatRequest:
         max_tokens = MAX_TOKENS_NONPOSITIVE
     tool_plan = plan_tools(data.get("tools") or None, data.get("tool_choice"))
     response_format = plan_response_format(data.get("response_format"), tools_present=tool_plan.tools is not None)
-    try:
-        sampling = SamplingParams(
-            temperature=data["temperature"],
-            top_p=_clamp(data["top_p"], 0.0, 1.0),
-            top_k=int(_clamp(data["top_k"], 0, TOKEN_ID_LIMIT)),
-            presence_penalty=_clamp(data["presence_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
-            frequency_penalty=_clamp(data["frequency_penalty"], -PENALTY_LIMIT, PENALTY_LIMIT),
-            logprobs=data["logprobs"],
-            top_logprobs=int(_clamp(data["top_logprobs"], 0, TOP_LOGPROBS_LIMIT)) if data["logprobs"] else 0,
-            seed=None if data.get("seed") is None else data["seed"] % SEED_LIMIT,
-            logit_bias=data["logit_bias"] or None,
-            grammar=response_format.grammar,
-        )
-    except ValueError as exc:  # what the clamps leave: a number that is not finite
-        raise InvalidRequest(str(exc), reason="sampling") from None
-    n = max(1, data.get("n") or 1)
+    sampling = sampling_from(
+        data, logprobs=data["logprobs"], top_logprobs=data["top_logprobs"], grammar=response_format.grammar
+    )
     session_id = data.get("session_id") or data.get("prompt_cache_key") or data.get("promptCacheKey")
     if session_id is None and headers is not None:
         session_id = session_id_from_header(headers)
+    max_tokens = min(max_tokens, MAX_TOKENS_LIMIT)
     return ChatRequest(
         model=data.get("model") or "",
         messages=[dict(m) for m in data["messages"]],
         sampling=sampling,
-        max_tokens=min(max_tokens, MAX_TOKENS_LIMIT),
-        stop=data["stop"],
-        stream=data["stream"],
-        include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
+        max_tokens=max_tokens,
+        generation=generation_from(data, max_tokens),
         tool_plan=tool_plan,
         response_format=response_format,
         enable_thinking=_enable_thinking(data.get("enable_thinking")),
         reasoning_budget=_first_given(data.get("reasoning_budget"), data.get("max_reasoning_tokens")),
-        n=min(n, MAX_CHOICES),
-        n_status="capped_to_8" if n > MAX_CHOICES else None,
         session_id=session_id,
-        ignore_eos=data["ignore_eos"],
-        min_tokens=min(data["min_tokens"], max_tokens, MAX_TOKENS_LIMIT),
-        stop_token_ids=list(data["stop_token_ids"]),
-        skip_special_tokens=data["skip_special_tokens"],
     )
 
 
@@ -369,36 +411,137 @@ class ChatRequest:
     messages: list[dict[str, Any]]
     sampling: SamplingParams
     max_tokens: int
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
+    generation: Generation
     tool_plan: ToolPlan = field(default_factory=ToolPlan)
     response_format: ResponseFormatPlan = field(default_factory=ResponseFormatPlan)
     enable_thinking: bool | None = None
     reasoning_budget: int | None = None  # think tokens before </think> is forced (None: the model's; 0: unbounded)
-    n: int = 1  # separate decodes, each a choice
-    n_status: str | None = None  # why fewer choices than asked for come back
     session_id: str | None = None  # the session whose KV this conversation keeps between turns
-    ignore_eos: bool = False  # decode through the model's end-of-sequence tokens (to max_tokens or a stop)
-    min_tokens: int = 0  # tokens before any stop token may end the answer
-    stop_token_ids: list[int] = field(default_factory=list)  # more tokens that end the answer
-    skip_special_tokens: bool = True  # special tokens the model writes are left out of the text
 
     @property
     def wants_logprobs(self) -> bool:
         return self.sampling.logprobs
 
     def sampling_for_choice(self, index: int) -> SamplingParams:
-        """Choice `index`'s sampling: with a seed, choice i uses seed + i (so each choice differs, reproducibly)."""
-        if index == 0 or self.sampling.seed is None:
-            return self.sampling
-        return msgspec.structs.replace(self.sampling, seed=(self.sampling.seed + index) % SEED_LIMIT)
+        return sampling_for_choice(self.sampling, index)
 
 
 def parse_chat_request(raw: bytes, headers: Any = None) -> ChatRequest:
     """The body of POST /v1/chat/completions (with the request's `headers`, for X-Session-Id), validated;
     InvalidRequest otherwise."""
     return chat_request_from(validated(ChatCompletionSerializer, parse_json_object(raw)), headers)
+
+
+# -- legacy completions -------------------------------------------------------------------------------------------
+
+COMPLETION_MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
+MAX_PROMPTS = 64  # prompts in one request (each is its own group of n choices)
+
+
+class PromptField(serializers.Field):
+    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists; read as a list of
+    prompts, each a string or a list of token ids."""
+
+    default_error_messages = {
+        "type": "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+        "empty": "prompt must not be an empty list",
+        "many": f"at most {MAX_PROMPTS} prompts per request",
+        "token": f"token ids must be integers in [0, {TOKEN_ID_LIMIT})",
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            return [data]
+        if not isinstance(data, list):
+            self.fail("type")
+        if not data:
+            self.fail("empty")
+        if all(isinstance(item, str) for item in data):
+            prompts = list(data)
+        elif all(_is_token_id(item) for item in data):
+            prompts = [list(data)]
+        elif all(isinstance(item, list) and item and all(_is_token_id(t) for t in item) for item in data):
+            prompts = [list(item) for item in data]
+        elif all(_is_int(t) for t in _flat(data)):  # token ids, some out of range
+            self.fail("token")
+        else:
+            self.fail("type")
+        if len(prompts) > MAX_PROMPTS:
+            self.fail("many")
+        return prompts
+
+    def to_representation(self, value):
+        return value
+
+
+def _is_token_id(value: Any) -> bool:
+    return _is_int(value) and 0 <= value < TOKEN_ID_LIMIT
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _flat(items: list) -> list:
+    return [t for item in items for t in (item if isinstance(item, list) else [item])]
+
+
+class CompletionSerializer(GenerationSerializer):
+    """POST /v1/completions (OpenAI's legacy route: a prompt, no chat template). max_tokens defaults to 16, as
+    OpenAI's; 0 is allowed with echo (the prompt alone, scored with logprobs)."""
+
+    prompt = PromptField()
+    suffix = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    echo = serializers.BooleanField(default=False)
+    logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=TOP_LOGPROBS_LIMIT)
+    best_of = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+
+    def validate(self, attrs):
+        if attrs.get("suffix"):
+            raise serializers.ValidationError({"suffix": "is not supported: these models do not fill in the middle"})
+        if attrs.get("best_of") not in (None, attrs.get("n") or 1):
+            raise serializers.ValidationError({"best_of": "is supported only equal to n (every choice is returned)"})
+        if attrs.get("max_tokens") == 0 and not attrs["echo"]:
+            raise serializers.ValidationError({"max_tokens": "0 is allowed only with echo (the prompt alone)"})
+        return attrs
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A validated legacy completion request."""
+
+    model: str
+    prompts: list[str | list[int]]
+    sampling: SamplingParams
+    max_tokens: int
+    generation: Generation
+    echo: bool = False
+    logprobs: int | None = None  # alternatives per token in the legacy logprobs object; None: no logprobs
+
+    def prompt_logprobs(self, prompt: str | list[int]) -> int | None:
+        """What the worker must score of `prompt`: echoed with logprobs, each token (with alternatives); echoed
+        token ids, their text (0 alternatives); else nothing."""
+        if self.echo and self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.echo and not isinstance(prompt, str) else None
+
+
+def parse_completion_request(raw: bytes) -> CompletionRequest:
+    """The body of POST /v1/completions, validated; InvalidRequest otherwise."""
+    data = validated(CompletionSerializer, parse_json_object(raw))
+    max_tokens = data.get("max_tokens")
+    max_tokens = COMPLETION_MAX_TOKENS_DEFAULT if max_tokens is None else min(max_tokens, MAX_TOKENS_LIMIT)
+    logprobs = data.get("logprobs")
+    return CompletionRequest(
+        model=data.get("model") or "",
+        prompts=data["prompt"],
+        sampling=sampling_from(data, logprobs=logprobs is not None, top_logprobs=logprobs or 0),
+        max_tokens=max_tokens,
+        generation=generation_from(data, max_tokens),
+        echo=data["echo"],
+        logprobs=logprobs,
+    )
 
 
 # -- operator routes ----------------------------------------------------------------------------------------------

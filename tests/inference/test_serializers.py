@@ -25,7 +25,8 @@ def test_defaults_are_the_specs():
     request = chat()
     assert request.sampling == SamplingParams(temperature=0.7, top_p=0.95, top_k=40)
     assert request.max_tokens == 1024
-    assert (request.model, request.stop, request.stream, request.include_usage) == ("", [], False, False)
+    generation = request.generation
+    assert (request.model, generation.stop, generation.stream, generation.include_usage) == ("", [], False, False)
 
 
 @pytest.mark.parametrize(
@@ -62,9 +63,9 @@ def test_top_logprobs_only_with_logprobs():
 
 
 def test_stop_string_or_list_and_stream_options():
-    assert chat(stop="END").stop == ["END"]
-    assert chat(stop=["a", "", "b"]).stop == ["a", "b"]
-    streaming = chat(stream=True, stream_options={"include_usage": True})
+    assert chat(stop="END").generation.stop == ["END"]
+    assert chat(stop=["a", "", "b"]).generation.stop == ["a", "b"]
+    streaming = chat(stream=True, stream_options={"include_usage": True}).generation
     assert streaming.stream and streaming.include_usage
 
 
