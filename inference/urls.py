@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from inference.api import admin, completions, health, openai, sessions
+from inference.api import admin, completions, embeddings, health, openai, sessions
 
 urlpatterns = [
     path("", health.health),
@@ -10,6 +10,7 @@ urlpatterns = [
     path("v1/models", openai.list_models),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", completions.completions),
+    path("v1/embeddings", embeddings.embeddings),
     path("admin/models", admin.list_instances),
     path("admin/models/load", admin.load),
     path("admin/models/unload", admin.unload),

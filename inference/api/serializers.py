@@ -439,13 +439,13 @@ MAX_PROMPTS = 64  # prompts in one request (each is its own group of n choices)
 
 
 class PromptField(serializers.Field):
-    """`prompt`: a string, a list of strings, a list of token ids, or a list of token-id lists; read as a list of
-    prompts, each a string or a list of token ids."""
+    """A completion's `prompt` or an embedding's `input`: a string, a list of strings, a list of token ids, or a
+    list of token-id lists; read as a list of inputs, each a string or a list of token ids."""
 
     default_error_messages = {
-        "type": "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
-        "empty": "prompt must not be an empty list",
-        "many": f"at most {MAX_PROMPTS} prompts per request",
+        "type": "must be a string, a list of strings, a list of token ids or a list of token-id lists",
+        "empty": "must not be an empty list",
+        "many": f"at most {MAX_PROMPTS} per request",
         "token": f"token ids must be integers in [0, {TOKEN_ID_LIMIT})",
     }
 
@@ -542,6 +542,21 @@ def parse_completion_request(raw: bytes) -> CompletionRequest:
         echo=data["echo"],
         logprobs=logprobs,
     )
+
+
+class EmbeddingSerializer(serializers.Serializer):
+    """POST /v1/embeddings."""
+
+    model = serializers.CharField(required=False, allow_null=True, allow_blank=True, default="")
+    input = PromptField()
+    encoding_format = serializers.ChoiceField(choices=("float", "base64"), default="float")
+    dimensions = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    user = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+
+
+def parse_embedding_request(raw: bytes) -> dict[str, Any]:
+    """The body of POST /v1/embeddings, validated; InvalidRequest otherwise."""
+    return validated(EmbeddingSerializer, parse_json_object(raw))
 
 
 # -- operator routes ----------------------------------------------------------------------------------------------

@@ -101,8 +101,16 @@ def prompt_text_length(req: p.Submit) -> int:
 class HostedModel:
     """A loaded model under its served name. `unload` is the UNLOAD it drains for, `deadline` when the drain ends."""
 
-    def __init__(self, name: str, model: LoadedModel, scheduler: Scheduler, *, device: str = "cpu",
-                 min_free_memory: int = 0, window_configured: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        model: LoadedModel,
+        scheduler: Scheduler,
+        *,
+        device: str = "cpu",
+        min_free_memory: int = 0,
+        window_configured: int = 0,
+    ):
         self.name = name
         self.device = device
         self.min_free_memory = min_free_memory  # bytes; below this free, new requests are refused (low_memory)
@@ -127,6 +135,7 @@ class HostedModel:
         self.think_open_id = tok.backend.token_to_id(OPEN) if tok.is_added_token(OPEN) else None
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
+        self.pooling = "mean"  # how embeddings pool the final hidden states (LoadOptions.pooling)
         self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
@@ -153,8 +162,10 @@ class HostedModel:
         per_token = kv_bytes_per_token(config, element)
         window = effective_window(configured, per_token, slots, budget)
         if window < min(MIN_WINDOW, configured):
-            raise MemoryError(f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
-                              f"left after the weights and the {limits.min_free_memory}-byte reserve")  # fmt: skip
+            raise MemoryError(
+                f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
+                f"left after the weights and the {limits.min_free_memory}-byte reserve"
+            )
         # An attachable load keeps its weights where a trainer can map them (engine/weights/); a GGUF file or an
         # int8 load never is, and loads as usual (attach then says why).
         attachable = limits.attachable and not options.quantize and Path(req.path).is_dir()
@@ -187,9 +198,16 @@ class HostedModel:
             repetition_span=limits.repetition_span,
             sessions=sessions,
         )
-        hosted = cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
-                     window_configured=configured)  # fmt: skip
+        hosted = cls(
+            req.name,
+            model,
+            scheduler,
+            device=device,
+            min_free_memory=limits.min_free_memory,
+            window_configured=configured,
+        )
         hosted.reasoning_budget = options.reasoning_budget
+        hosted.pooling = options.pooling
         return hosted
 
     def check_bound(self, req: p.Submit) -> None:
@@ -205,10 +223,13 @@ class HostedModel:
             least = chars // (self.model.tokenizer.max_token_bytes * NORMALIZATION_SLACK)
         if least + 1 > window:
             raise refusal(
-                req.request_id, Reason.PROMPT_TOO_LONG,
+                req.request_id,
+                Reason.PROMPT_TOO_LONG,
                 f"the prompt has at least {least} tokens; the context window is {window} (kv_used {least}, kv_cap "
-                f"{window})", kv_used=least, kv_cap=window,
-            )  # fmt: skip
+                f"{window})",
+                kv_used=least,
+                kv_cap=window,
+            )
 
     def prepare(self, req: p.Submit) -> Sequence:
         """The request's sequence: templated, tokenized and checked against the window (the slow part of a
@@ -228,10 +249,13 @@ class HostedModel:
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"the prompt must be non-empty token ids below {vocab}")
         if len(prompt) + 1 > window:
             raise refusal(
-                req.request_id, Reason.PROMPT_TOO_LONG,
+                req.request_id,
+                Reason.PROMPT_TOO_LONG,
                 f"the prompt has {len(prompt)} tokens; the context window is {window} (kv_used {len(prompt)}, kv_cap "
-                f"{window})", kv_used=len(prompt), kv_cap=window,
-            )  # fmt: skip
+                f"{window})",
+                kv_used=len(prompt),
+                kv_cap=window,
+            )
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         grammar = None
         if (grammar_text := self._grammar_text(req)) is not None:
@@ -281,10 +305,37 @@ class HostedModel:
         if req.tool_grammar is None or not req.tools:
             return req.sampling.grammar
         lark = tool_call_grammar(
-            self.tool_dialect, req.tools, mode=req.tool_grammar, function=req.tool_function,
+            self.tool_dialect,
+            req.tools,
+            mode=req.tool_grammar,
+            function=req.tool_function,
             single_tokens=self.tool_tokens,
-        )  # fmt: skip
+        )
         return None if lark is None else llguidance.LLMatcher.grammar_from_lark(lark)
+
+    def embed(self, req: p.Embed) -> p.Embeddings:
+        """Each input's embedding, computed now on the worker's loop (between steps, so generations go on around
+        it). Raises RequestRefused for an input that is empty, holds ids outside the vocabulary, or does not fit
+        the window."""
+        tok, window, vocab = self.model.tokenizer, self.scheduler.context_window, self.model.runner.vocab_size
+        inputs = req.token_ids or [tok.encode(text, add_special_tokens=True) for text in req.texts]
+        for ids in inputs:
+            if not ids or any(not 0 <= t < vocab for t in ids):
+                raise refusal(
+                    req.request_id, Reason.BAD_REQUEST, f"each input must be non-empty token ids below {vocab}"
+                )
+            if len(ids) > window:
+                raise refusal(
+                    req.request_id,
+                    Reason.PROMPT_TOO_LONG,
+                    f"an input has {len(ids)} tokens; the context window is {window} (kv_used {len(ids)}, kv_cap "
+                    f"{window})",
+                    kv_used=len(ids),
+                    kv_cap=window,
+                )
+        runner = self.model.runner
+        vectors = [runner.embed(ids, self.pooling).numpy().astype("<f4").tobytes() for ids in inputs]
+        return p.Embeddings(request_id=req.request_id, vectors=vectors, prompt_tokens=[len(ids) for ids in inputs])
 
     def admit(self, seq: Sequence) -> None:
         """Queues a prepared sequence, or raises RequestRefused (low memory, queue full, a new session id while

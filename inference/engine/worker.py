@@ -164,6 +164,16 @@ class Worker:
                     for hosted in hosts:
                         hosted.scheduler.resume()
                     self.send(p.Resumed(request_id=request_id))
+            case p.Embed(request_id=request_id, model=model):
+                hosted = self.models.get(model)
+                if hosted is None or hosted.unload:
+                    message = f"model {model!r} is not loaded on this worker"
+                    self.send(p.Error(request_id=request_id, reason=Reason.MODEL_NOT_LOADED, message=message))
+                else:
+                    try:
+                        self.send(hosted.embed(message))
+                    except RequestRefused as refused:
+                        self.send(refused.error)
             case p.WeightsRequest(request_id=request_id, model=model, call=call):
                 hosted = self.models.get(model)
                 if hosted is None:

@@ -120,6 +120,8 @@ class EngineClient(Protocol):
         self, model: str, call: WeightsCall, *, timeout: float | None = None
     ) -> p.WeightsReply | p.WeightsRefused: ...
 
+    async def embed(self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = ...) -> p.Embeddings: ...
+
 
 class ZmqEngineClient:
     """The engine client over ZMQ. Workers connect to `endpoint` (ipc in a private temporary folder by default)
@@ -384,6 +386,19 @@ class ZmqEngineClient:
     async def sessions(self, model: str, *, timeout: float = SESSION_CALL_TIMEOUT_S) -> p.Sessions:
         """The model's sessions, as its worker holds them now."""
         return await self._session_call(model, p.SessionList(request_id=_new_id(), model=model), timeout)
+
+    # -- embeddings -----------------------------------------------------------------------------------------------
+
+    async def embed(
+        self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = SESSION_CALL_TIMEOUT_S
+    ) -> p.Embeddings:
+        """The inputs' embeddings (texts, or token-id lists), from the worker holding a ready `model`. Raises
+        EngineError (prompt_too_long, bad_request, model_not_loaded) or WorkerDied."""
+        texts = [i for i in inputs if isinstance(i, str)]
+        call = p.Embed(
+            request_id=_new_id(), model=model, texts=texts if texts else None, token_ids=None if texts else list(inputs)
+        )
+        return await self._session_call(model, call, timeout)
 
     # -- weights --------------------------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def test_a_streamed_completion_equals_the_whole_one(sdk):
         ({"suffix": "The end."}, "suffix"),
         ({"max_tokens": 0}, "only with echo"),
         ({"prompt": []}, "must not be an empty list"),
-        ({"prompt": [1, "a"]}, "prompt must be"),
+        ({"prompt": [1, "a"]}, "must be a string"),
         ({"prompt": [[1, 2], [-5]]}, "token ids must be integers"),
         ({"best_of": 3}, "best_of"),
     ],

@@ -190,6 +190,20 @@ class WeightsRequest(Message, tag="B"):
     call: WeightsCall
 
 
+class Embed(Message, tag="M"):
+    """Embed each input (a text, tokenized as it is with the BOS, or token ids) with the model's pooling. Answered
+    by EMBEDDINGS, or ERROR (prompt_too_long for an input over the window, bad_request)."""
+
+    request_id: str
+    model: str
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.texts is None) == (self.token_ids is None):
+            raise ValueError("exactly one of texts and token_ids must be given")
+
+
 class Shutdown(Message, tag="X"):
     """Abort everything (each generation gets ERROR shutting_down) and exit the worker loop."""
 
@@ -396,6 +410,14 @@ class Resumed(Message, tag="q"):
     request_id: str
 
 
+class Embeddings(Message, tag="m"):
+    """One L2-normalised float32 vector per input (little-endian bytes), and each input's token count."""
+
+    request_id: str
+    vectors: list[bytes]
+    prompt_tokens: list[int]
+
+
 class WeightsReply(Message, tag="k"):
     """A weights call carried out: the route's `data`, and the barrier after it."""
 
@@ -448,6 +470,7 @@ ToWorker = (
     | SessionWatch
     | SessionList
     | WeightsRequest
+    | Embed
     | Shutdown
 )
 FromWorker = (
@@ -467,6 +490,7 @@ FromWorker = (
     | SessionReleased
     | SessionWatched
     | Sessions
+    | Embeddings
     | WeightsReply
     | WeightsRefused
     | WeightsChanged

@@ -74,6 +74,10 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         Literal["", "float32", "bfloat16", "float16"],
         Meta(description="the weights' dtype (empty: float32 on CPU, bfloat16 on CUDA)"),
     ] = ""
+    pooling: Annotated[
+        Literal["mean", "last"],
+        Meta(description="how /v1/embeddings pools the final hidden states: their mean, or the last token's"),
+    ] = "mean"
 
     def __post_init__(self) -> None:
         for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"):

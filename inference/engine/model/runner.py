@@ -85,6 +85,22 @@ class ModelRunner:
         return logits[0].float() if all_logits else logits[0, -1].float()
 
     @torch.inference_mode()
+    def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
+        """The input's embedding: its final hidden states pooled ("mean" over positions, or the "last" one) and
+        L2-normalised, float32 [D]. Computed in a slot of its own, freed at once (its full blocks stay cached, so a
+        generation on the same text reuses them)."""
+        slot = self.allocate_slot()
+        try:
+            view = self.cache.view([slot], [len(token_ids)], len(token_ids))
+            tokens = torch.tensor([token_ids], device=self.device)
+            states = self.model(tokens, self.cache, view, hidden=True)[0].float()  # [S, D]
+            self.cache.advance(slot, token_ids)
+        finally:
+            self.free_slot(slot)
+        pooled = states.mean(0) if pooling == "mean" else states[-1]
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    @torch.inference_mode()
     def prefill_batch(self, slots: list[int], token_ids: list[list[int]]) -> torch.Tensor:
         """Appends each `token_ids[i]` to `slots[i]`'s KV in one forward pass; float32 logits of each one's last
         position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little

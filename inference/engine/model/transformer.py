@@ -269,8 +269,10 @@ class Transformer(nn.Module):
         *,
         last_only: bool = False,
         last_index: torch.Tensor | None = None,
+        hidden: bool = False,
     ) -> torch.Tensor:
-        """Logits of every position, of the last one (`last_only`), or of position `last_index[b]` of each row b
+        """Logits (or with `hidden`, the final hidden states, after the last norm) of every position, of the last one
+        (`last_only`), or of position `last_index[b]` of each row b
         (rows padded at the end, see ModelRunner.prefill_batch)."""
         # tokens: [B, S]; last_index: [B] long -> logits: [B, S, V] ([B, 1, V] with last_only or last_index)
         x = self.embed(tokens)
@@ -282,7 +284,8 @@ class Transformer(nn.Module):
             x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
         elif last_only:
             x = x[:, -1:]
-        return self.lm_head(self.norm(x))
+        x = self.norm(x)
+        return x if hidden else self.lm_head(x)
 
 
 def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

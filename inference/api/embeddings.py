@@ -1,0 +1,52 @@
+"""POST /v1/embeddings: OpenAI's embeddings on any loaded model.
+
+An embedding is the input's final hidden states (after the last norm), pooled by the load's `pooling` option (the
+mean over positions, or the last token's) and L2-normalised; the worker computes it between generation steps. Each
+input is a text (tokenized as it is, with the BOS) or token ids. `encoding_format: base64` sends each vector as the
+base64 of its little-endian float32 bytes, as OpenAI does; `dimensions` is accepted only when it is the model's own
+(these models do not shorten their vectors).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+
+from django.http import JsonResponse
+
+from inference.api.methods import only
+from inference.api.refusals import as_api_error
+from inference.api.serializers import parse_embedding_request
+from inference.runtime.generation import EngineError
+from inference.runtime.router import LOAD_POLICY_HEADER, get_router
+from pantheon_site.auth import arequire_client_token
+from pantheon_site.errors import InvalidRequest
+
+
+@only("POST")
+async def embeddings(request):
+    await arequire_client_token(request, operation="embedding")
+    body = parse_embedding_request(request.body)
+    router = get_router()
+    allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+    model = await router.route(body.get("model") or "", allow_load=allow_load)
+    try:
+        reply = await router.client.embed(model, body["input"])
+    except EngineError as exc:
+        raise as_api_error(exc) from exc
+    size = len(reply.vectors[0]) // 4
+    if body.get("dimensions") not in (None, size):
+        raise InvalidRequest(
+            f"dimensions must be {size} for model {model!r} (its vectors are not shortened)", reason="dimensions"
+        )
+    data = []
+    for index, vector in enumerate(reply.vectors):
+        if body["encoding_format"] == "base64":
+            embedding = base64.b64encode(vector).decode()
+        else:
+            embedding = list(struct.unpack(f"<{len(vector) // 4}f", vector))
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = sum(reply.prompt_tokens)
+    return JsonResponse(
+        {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    )
