@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from inference.api import admin, completions, embeddings, health, openai, sessions
+from inference.api import admin, completions, embeddings, health, openai, responses, sessions
 
 urlpatterns = [
     path("", health.health),
@@ -11,6 +11,8 @@ urlpatterns = [
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", completions.completions),
     path("v1/embeddings", embeddings.embeddings),
+    path("v1/responses", responses.create),
+    path("v1/responses/<str:response_id>", responses.stored),
     path("admin/models", admin.list_instances),
     path("admin/models/load", admin.load),
     path("admin/models/unload", admin.unload),

@@ -233,3 +233,6 @@ WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S = _env_float("WEIGHTS_QUIESCE_DRAIN_TIMEOUT_S", 
 WEIGHTS_HEARTBEAT_INTERVAL_HINT_S = _env_float("WEIGHTS_HEARTBEAT_INTERVAL_HINT_S", 5.0)
 # Where POST /api/weights/save writes checkpoints (<run_id>/step-<N>/).
 PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_DATA_DIR / "checkpoints"))).resolve()
+# How many /v1/responses responses the control plane keeps in memory for previous_response_id and GET (the most
+# recently stored or used).
+PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
