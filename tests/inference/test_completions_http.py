@@ -6,6 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from inference.engine.demo_model import write_demo_model
 from inference.engine.loaders.loading import load_model
 from tests.inference.session_turns import load
 
@@ -118,3 +119,19 @@ def test_bad_completion_bodies_are_400s_that_say_why(sdk, fields, mentions):
 def test_a_prompt_over_the_window_is_context_over_budget(sdk):
     with pytest.raises(openai.UnprocessableEntityError):
         sdk.completions.create(model="stories", prompt=[1] * 600, max_tokens=4)
+
+
+def test_logprob_tokens_spell_the_text_on_a_byte_token_model(server, api, tmp_path):
+    write_demo_model(tmp_path / "demo")  # random weights: its output is mostly byte tokens
+    load(api, tmp_path / "demo", "demo")
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as sdk:
+        fields = {"model": "demo", "prompt": PROMPT, "max_tokens": 40, "logprobs": 1, "temperature": 1.0, "seed": 5}
+        for echo in (False, True):
+            choice = sdk.completions.create(**fields, echo=echo).choices[0]
+            assert "".join(choice.logprobs.tokens) == choice.text
+            chunks = list(sdk.completions.create(**fields, echo=echo, stream=True))
+            tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+            assert "".join(tokens) == "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+        eos = {"model": "demo", "prompt": PROMPT, "max_tokens": 5, "logit_bias": {"2": 100}}  # its <|im_end|>
+        assert sdk.completions.create(**eos).usage.completion_tokens == 1
+        assert sdk.completions.create(**eos, extra_body={"ignore_eos": True}).usage.completion_tokens == 5  # vLLM's
