@@ -314,9 +314,9 @@ class HostedModel:
         return None if lark is None else llguidance.LLMatcher.grammar_from_lark(lark)
 
     def embed(self, req: p.Embed) -> p.Embeddings:
-        """Each input's embedding, computed now on the worker's loop (between steps, so generations go on around
-        it). Raises RequestRefused for an input that is empty, holds ids outside the vocabulary, or does not fit
-        the window."""
+        """The inputs' embeddings: one forward pass per `max_concurrent` of them, on the worker's loop between steps
+        (generations go on around it). Raises RequestRefused for an input that is empty, holds ids outside the
+        vocabulary, or does not fit the window."""
         tok, window, vocab = self.model.tokenizer, self.scheduler.context_window, self.model.runner.vocab_size
         inputs = req.token_ids or [tok.encode(text, add_special_tokens=True) for text in req.texts]
         for ids in inputs:
@@ -334,7 +334,9 @@ class HostedModel:
                     kv_cap=window,
                 )
         runner = self.model.runner
-        vectors = [runner.embed(ids, self.pooling).numpy().astype("<f4").tobytes() for ids in inputs]
+        group = runner.max_concurrent  # inputs per pass: the KV pool always has room for that many full windows
+        batches = [runner.embed(inputs[i : i + group], self.pooling) for i in range(0, len(inputs), group)]
+        vectors = [row.numpy().astype("<f4").tobytes() for batch in batches for row in batch]
         return p.Embeddings(request_id=req.request_id, vectors=vectors, prompt_tokens=[len(ids) for ids in inputs])
 
     def admit(self, seq: Sequence) -> None:

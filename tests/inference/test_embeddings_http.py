@@ -73,3 +73,15 @@ def test_refusals(sdk):
         sdk.embeddings.create(model="stories", input="hi", dimensions=32)
     with pytest.raises(openai.BadRequestError, match="must not be an empty list"):
         sdk.embeddings.create(model="stories", input=[])
+
+
+def test_inputs_of_different_lengths_embedded_together_equal_each_alone(sdk):
+    texts = [TEXTS[0], "Hi", TEXTS[1] * 3] * 4  # more inputs than the model's slots: several passes
+    together = sdk.embeddings.create(model="stories", input=texts).data
+    for text, item in zip(texts[:3], together[:3], strict=True):
+        alone = sdk.embeddings.create(model="stories", input=text).data[0].embedding
+        assert item.embedding == pytest.approx(alone, abs=1e-5)
+    last = sdk.embeddings.create(model="stories-last", input=texts).data
+    assert last[1].embedding == pytest.approx(
+        sdk.embeddings.create(model="stories-last", input="Hi").data[0].embedding, abs=1e-5
+    )

@@ -85,19 +85,28 @@ class ModelRunner:
         return logits[0].float() if all_logits else logits[0, -1].float()
 
     @torch.inference_mode()
-    def embed(self, token_ids: list[int], pooling: str) -> torch.Tensor:
-        """The input's embedding: its final hidden states pooled ("mean" over positions, or the "last" one) and
-        L2-normalised, float32 [D]. Computed in a slot of its own, freed at once (its full blocks stay cached, so a
-        generation on the same text reuses them)."""
-        slot = self.allocate_slot()
+    def embed(self, token_ids: list[list[int]], pooling: str) -> torch.Tensor:
+        """Each input's embedding, all in one forward pass (padded as in prefill_batch): its final hidden states
+        pooled ("mean" over its positions, or the "last" one) and L2-normalised, float32 [B, D]. Each input takes a
+        slot for the pass, freed at once (its full blocks stay cached, so a generation on the same text reuses
+        them)."""
+        slots = [self.allocate_slot() for _ in token_ids]
         try:
-            view = self.cache.view([slot], [len(token_ids)], len(token_ids))
-            tokens = torch.tensor([token_ids], device=self.device)
-            states = self.model(tokens, self.cache, view, hidden=True)[0].float()  # [S, D]
-            self.cache.advance(slot, token_ids)
+            width = max(len(ids) for ids in token_ids)
+            view = self.cache.view(slots, [len(ids) for ids in token_ids], width)
+            tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
+            states = self.model(tokens, self.cache, view, hidden=True).float()  # [B, W, D]
+            for slot, ids in zip(slots, token_ids, strict=True):
+                self.cache.advance(slot, ids)
         finally:
-            self.free_slot(slot)
-        pooled = states.mean(0) if pooling == "mean" else states[-1]
+            for slot in slots:
+                self.free_slot(slot)
+        lengths = torch.tensor([len(ids) for ids in token_ids], device=states.device)
+        if pooling == "mean":
+            valid = (torch.arange(width, device=states.device)[None, :] < lengths[:, None]).to(states.dtype)
+            pooled = (states * valid[..., None]).sum(1) / lengths[:, None]
+        else:
+            pooled = states[torch.arange(len(token_ids), device=states.device), lengths - 1]
         return torch.nn.functional.normalize(pooled, dim=-1)
 
     @torch.inference_mode()
