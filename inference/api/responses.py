@@ -308,7 +308,8 @@ async def stream(run: ResponseRun, model: str, generation: Generation, parts: An
     status = "incomplete" if reason == "length" else "completed"
     response = run.response(model, status, output, _usage(generation.finished), reason)
     run.keep(model, response, text, parts.calls)
-    yield event(f"response.{status}", response=response)
+    which = millm_model(get_router().placements().get(model))
+    yield event(f"response.{status}", response=response, **({"millm_model": which} if which else {}))
 
 
 async def stored(request, response_id: str):

@@ -51,6 +51,8 @@ def test_a_response_answers_as_the_chat_route_does(sdk):
     )
     system = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": STORY}]
     assert told.output_text == chat_text(sdk, system, 8)
+    raw = sdk.responses.with_raw_response.create(model="stories", input=STORY, max_output_tokens=2)
+    assert raw.headers["X-miLLM-Model"] == '"stories";origin=model;commits=0'  # which weights answered
 
 
 def test_a_streamed_response_sends_openais_events_and_the_same_text(sdk):
@@ -62,6 +64,7 @@ def test_a_streamed_response_sends_openais_events_and_the_same_text(sdk):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     assert events[-1].response.output_text == whole.output_text
+    assert events[-1].model_extra["millm_model"] == '"stories";origin=model;commits=0'  # which weights answered
 
 
 def test_a_conversation_continues_through_previous_response_id_reusing_its_kv(sdk):
