@@ -26,7 +26,7 @@ from inference.api.serializers import CompletionRequest, parse_completion_reques
 from inference.engine.contract import messages as p
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
-from inference.runtime.router import LOAD_POLICY_HEADER, get_router
+from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget
 
@@ -127,7 +127,7 @@ async def completions(request):
     router.begin_completion()
     streaming = False
     try:
-        allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+        allow_load = load_allowed(request.headers)
         model = await router.route(body.model, allow_load=allow_load)
         completion = TextCompletion(body, model, router.placements()[model])
         try:

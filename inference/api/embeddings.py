@@ -18,7 +18,7 @@ from inference.api.methods import only
 from inference.api.refusals import as_api_error
 from inference.api.serializers import parse_embedding_request
 from inference.runtime.generation import EngineError
-from inference.runtime.router import LOAD_POLICY_HEADER, get_router
+from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest
 
@@ -28,7 +28,7 @@ async def embeddings(request):
     await arequire_client_token(request, operation="embedding")
     body = parse_embedding_request(request.body)
     router = get_router()
-    allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+    allow_load = load_allowed(request.headers)
     model = await router.route(body.get("model") or "", allow_load=allow_load)
     try:
         reply = await router.client.embed(model, body["input"])

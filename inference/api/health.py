@@ -11,43 +11,34 @@ from inference.runtime.router import installed_router
 from weights.status import health_summary
 
 
-@only("GET")
-async def health(request):
-    """Always 200: service, status, backend, build, accelerator, dies_visible."""
+def health_fields() -> dict:
+    """What GET / answers (and GET /api/health/detailed begins with): service, status, backend, build, accelerator,
+    dies_visible."""
     client = installed_client()  # None in a process without the engine: still healthy, with 0 dies
     dies = dies_visible(client)
-    return JsonResponse(
-        {
-            "service": "pantheon",
-            "status": "ok",
-            "backend": backend(client),
-            "build": build_id(),
-            "accelerator": dies > 0,
-            "dies_visible": dies,
-        }
-    )
+    return {
+        "service": "pantheon",
+        "status": "ok",
+        "backend": backend(client),
+        "build": build_id(),
+        "accelerator": dies > 0,
+        "dies_visible": dies,
+    }
+
+
+@only("GET")
+async def health(request):
+    """Always 200."""
+    return JsonResponse(health_fields())
 
 
 @only("GET")
 async def health_detailed(request):
     """No token: GET /'s fields, every served model's name and state, and the weights summary (weights/status.py)."""
-    client = installed_client()
     router = installed_router()
-    dies = dies_visible(client)
     try:
         weights = await sync_to_async(health_summary)(router)
     except Exception as exc:  # the spec: "or error when they could not be read"
         weights = {"error": f"{type(exc).__name__}: {exc}"}
     models = [] if router is None else [{"name": n, "state": pl.state} for n, pl in sorted(router.placements().items())]
-    return JsonResponse(
-        {
-            "service": "pantheon",
-            "status": "ok",
-            "backend": backend(client),
-            "build": build_id(),
-            "accelerator": dies > 0,
-            "dies_visible": dies,
-            "models": models,
-            "weights": weights,
-        }
-    )
+    return JsonResponse({**health_fields(), "models": models, "weights": weights})

@@ -25,7 +25,7 @@ from inference.engine.contract.messages import Submit
 from inference.runtime.engine_client import EngineClient
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.host_probe import backend, build_id
-from inference.runtime.router import LOAD_POLICY_HEADER, ModelRouter, get_router
+from inference.runtime.router import ModelRouter, get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
 
@@ -55,7 +55,7 @@ async def chat_completions(request):
     router.begin_completion()
     streaming = False
     try:
-        allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+        allow_load = load_allowed(request.headers)
         model = await router.route(chat.model, allow_load=allow_load)
         placement = router.placements()[model]
         ctx = CompletionContext(chat, model, placement.info, placement)

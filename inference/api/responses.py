@@ -33,7 +33,7 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
-from inference.runtime.router import LOAD_POLICY_HEADER, get_router
+from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
 
@@ -210,7 +210,7 @@ async def create(request):
     router.begin_completion()
     streaming = False
     try:
-        allow_load = request.headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+        allow_load = load_allowed(request.headers)
         model = await router.route(run.chat.model, allow_load=allow_load)
         placement = router.placements()[model]
         dialect = placement.info.tool_dialect if placement.info else DEFAULT_DIALECT

@@ -29,6 +29,11 @@ LOAD_POLICY_HEADER = "X-miLLM-Load-Policy"
 SERVING_STATES = ("ready", "reloading")  # reloading: its worker crashed and is coming back; requests get 500 meanwhile
 
 
+def load_allowed(headers) -> bool:
+    """Whether a /v1 request may load the model it names on demand (not when `X-miLLM-Load-Policy: refuse`)."""
+    return headers.get(LOAD_POLICY_HEADER, "").strip().lower() != "refuse"
+
+
 class ModelRouter:
     """Routes requests to served names, read from the engine client's placements.
 
