@@ -4,6 +4,7 @@
 control plane starts itself): accepted, or refused with the error it raised. `audit_request` / `aaudit_request`
 write the refused event of a route call turned away before it ran (`require_role`, pantheon_site/auth.py).
 `record_audit_event` / `arecord_audit_event` are the general form (the supervisor's crash records).
+`verify_audit_log` checks the hash chain (pantheon_site/audit_chain.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
+from pantheon_site.audit_chain import ChainReport, verify_chain
 from pantheon_site.errors import PantheonError, ServerError, as_pantheon_error
-from pantheon_site.models import AccessToken, AuditEvent, Outcome
+from pantheon_site.models import AccessToken, AuditChainHead, AuditEvent, Outcome
 
 logger = logging.getLogger("pantheon.audit")
 
@@ -83,6 +85,33 @@ async def arecord_audit_event(operation: str, outcome: str, **fields) -> AuditEv
     event = await AuditEvent.objects.acreate(**_fields(operation, outcome, **fields))
     _log(event)
     return event
+
+
+def event_as_dict(event: AuditEvent) -> dict:
+    """An event as JSON-able fields (manage.py audit --json, the audit page's exports), with its place in the chain."""
+    return {
+        "id": event.id,
+        "time": event.occurred_at.isoformat(),
+        "operation": event.operation,
+        "outcome": event.outcome,
+        "error_type": event.error_type,
+        "reason": event.reason,
+        "actor_kind": event.actor_kind,
+        "actor_label": event.actor_label,
+        "model": event.model,
+        "request_id": event.request_id,
+        "client_address": event.client_address,
+        "duration_ms": event.duration_ms,
+        "details": event.details,
+        "row_hash": event.row_hash,
+    }
+
+
+def verify_audit_log() -> ChainReport:
+    """Walk the whole log in the order it was written and report the first broken link (manage.py audit --verify,
+    the audit page)."""
+    head = AuditChainHead.objects.filter(pk=AuditChainHead.HEAD_ID).values_list("last_hash", flat=True).first()
+    return verify_chain(AuditEvent.objects.order_by("id").iterator(chunk_size=5000), head)
 
 
 def request_actor(request, token: AccessToken | None = None) -> dict:

@@ -1,7 +1,9 @@
-"""Cross-cutting records every app uses: access tokens and the append-only audit log."""
+"""Cross-cutting records every app uses: access tokens and the append-only, hash-chained audit log."""
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
+
+from pantheon_site.audit_chain import GENESIS, chain_hash
 
 
 class Role(models.TextChoices):
@@ -56,7 +58,17 @@ class AppendOnlyError(Exception):
 
 
 class AuditEventQuerySet(models.QuerySet):
-    """Queries over the audit log; the bulk paths that would change rows refuse."""
+    """Queries over the audit log; the bulk paths that would change rows refuse, and bulk_create chains its rows."""
+
+    def bulk_create(self, objs, *args, **kwargs):
+        objs = list(objs)
+        with transaction.atomic(using=self.db):
+            head = AuditChainHead.locked(self.db)
+            for event in objs:
+                head.chain(event)
+            created = super().bulk_create(objs, *args, **kwargs)
+            head.save(using=self.db)
+        return created
 
     def update(self, **kwargs):
         raise AppendOnlyError("audit events are append-only")
@@ -73,7 +85,8 @@ class AuditEvent(models.Model):
 
     Written by `pantheon_site.audit.record_audit_event` for every operator route call (auth refusals included), every
     state-changing `manage.py` command and every worker crash. Rows are append-only: saving an existing row, deleting
-    one and the queryset's update/delete all raise AppendOnlyError.
+    one and the queryset's update/delete all raise AppendOnlyError, and below the ORM a database trigger refuses
+    changes (pantheon_site/audit_chain.py). Each row's `row_hash` chains it to the row written before it.
     """
 
     occurred_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -88,19 +101,57 @@ class AuditEvent(models.Model):
     client_address = models.CharField(max_length=64, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     details = models.JSONField(default=dict, blank=True)
+    previous_hash = models.CharField(max_length=64, blank=True, help_text="row_hash of the event written before")
+    row_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of previous_hash and this row's content")
 
     objects = AuditEventQuerySet.as_manager()
 
     class Meta:
         ordering = ["occurred_at", "id"]
+        # The audit page lists newest first by id under any one filter; each index serves one filter's first page.
+        indexes = [
+            models.Index(fields=[name, "-id"], name=f"audit_{name}_id")
+            for name in ("operation", "outcome", "actor_label", "model", "error_type")
+        ]
 
     def __str__(self) -> str:
         return f"{self.occurred_at:%Y-%m-%d %H:%M:%S} {self.operation} {self.outcome}"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args, using=None, **kwargs):
         if not self._state.adding:
             raise AppendOnlyError("audit events are append-only")
-        super().save(*args, **kwargs)
+        using = using or "default"
+        with transaction.atomic(using=using):
+            head = AuditChainHead.locked(using)
+            head.chain(self)
+            super().save(*args, using=using, **kwargs)
+            head.save(using=using)
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("audit events are append-only")
+
+
+class AuditChainHead(models.Model):
+    """The one row holding the newest audit event's hash: the lock writers take to chain in turn, and what tells
+    `manage.py audit --verify` that no newest events were removed."""
+
+    last_hash = models.CharField(max_length=64, default=GENESIS)
+
+    HEAD_ID = 1
+
+    @classmethod
+    def locked(cls, using: str) -> "AuditChainHead":
+        """The head, locked until the transaction ends; made (from the newest event) when the table has none, as
+        after Django empties the tables between tests."""
+        if not cls.objects.using(using).filter(pk=cls.HEAD_ID).exists():
+            newest = AuditEvent.objects.using(using).order_by("-id").values_list("row_hash", flat=True).first()
+            cls.objects.using(using).bulk_create(
+                [cls(pk=cls.HEAD_ID, last_hash=newest or GENESIS)], ignore_conflicts=True
+            )
+        return cls.objects.using(using).select_for_update().get(pk=cls.HEAD_ID)
+
+    def chain(self, event: AuditEvent) -> None:
+        """Link `event` to the head and make it the new head (saved by the caller, in the same transaction)."""
+        event.previous_hash = self.last_hash
+        event.row_hash = chain_hash(self.last_hash, event)
+        self.last_hash = event.row_hash

@@ -1,4 +1,5 @@
-"""manage.py audit: read the audit log, newest last, filtered by time, operation, outcome or actor."""
+"""manage.py audit: read the audit log, newest last, filtered by time, operation, outcome or actor; or, with
+--verify, check its hash chain and name the first broken row (exit status 1 when it is broken)."""
 
 import json
 import re
@@ -9,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from pantheon_site.audit import event_as_dict, verify_audit_log
 from pantheon_site.management.base import CommandResult, PantheonCommand, format_table
 from pantheon_site.models import AuditEvent, Outcome
 
@@ -29,23 +31,6 @@ def parse_since(text: str):
     return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
 
 
-def event_as_dict(event: AuditEvent) -> dict:
-    return {
-        "time": event.occurred_at.isoformat(),
-        "operation": event.operation,
-        "outcome": event.outcome,
-        "error_type": event.error_type,
-        "reason": event.reason,
-        "actor_kind": event.actor_kind,
-        "actor_label": event.actor_label,
-        "model": event.model,
-        "request_id": event.request_id,
-        "client_address": event.client_address,
-        "duration_ms": event.duration_ms,
-        "details": event.details,
-    }
-
-
 class Command(PantheonCommand):
     help = "Show audit events, oldest first, ending with the most recent."
 
@@ -56,8 +41,14 @@ class Command(PantheonCommand):
         parser.add_argument("--actor", help="an actor label (token label or OS user) or kind (token, cli, system)")
         parser.add_argument("--limit", type=int, default=200, help="show at most this many of the newest (default 200)")
         parser.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+        parser.add_argument("--verify", action="store_true", help="check the hash chain of the whole log instead")
 
     def perform(self, *, since, operation, outcome, actor, limit, **options) -> CommandResult:
+        if options["verify"]:
+            report = verify_audit_log()
+            if not report.intact:
+                raise CommandError(report.describe())
+            return CommandResult(lines=[report.describe()])
         events = AuditEvent.objects.all()
         if since:
             events = events.filter(occurred_at__gte=parse_since(since))
