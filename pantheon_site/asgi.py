@@ -11,6 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from pantheon_site.body_limit import BodyLimitMiddleware  # noqa: E402
 from pantheon_site.cors import CorsMiddleware  # noqa: E402
@@ -19,5 +20,8 @@ from pantheon_site.cors import CorsMiddleware  # noqa: E402
 # ASGI handler cancels the response on a client disconnect (daphne's http.disconnect), which aborts the generation
 # (inference/api/completion_bodies.py) or closes the watch (inference/api/sessions.py). Consumers for routes that need
 # Channels would go in a URLRouter placed in front of django_asgi_app under "http".
-# A body over PANTHEON_MAX_BODY_BYTES is refused (413) inside CORS, before routing reads it.
-application = CorsMiddleware(BodyLimitMiddleware(ProtocolTypeRouter({"http": django_asgi_app})))
+# A body over PANTHEON_MAX_BODY_BYTES is refused (413) inside CORS, before routing reads it. The UI's static files
+# (STATIC_URL, /ui/static/) are served from the apps' static folders by Django's handler; every other path goes on.
+application = CorsMiddleware(
+    BodyLimitMiddleware(ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)}))
+)

@@ -8,6 +8,8 @@ answers in its envelope with the spec's status, `type` and headers. Two envelope
 * management-style `{"success": false, "data": null, "error": {"code", "message", "reason", "details"}}` for
   `/api/weights/*`: a `ManagementError` (weights/errors.py) renders itself so, and `handler404` answers an unknown
   path under /api/weights/ in it too.
+
+Under the operator UI's `/ui/` the same errors are an HTML page instead (`render_error`).
 """
 
 import math
@@ -264,6 +266,19 @@ def error_response(exc: PantheonError) -> JsonResponse:
     return response
 
 
+UI_PREFIX = "/ui/"
+
+
+def render_error(request, exc: PantheonError):
+    """`error_response`, except under /ui/, where a person reads it: the UI's error page with the same status."""
+    if not request.path.startswith(UI_PREFIX):
+        return error_response(exc)
+    from django.shortcuts import render
+
+    context = {"status": exc.status, "error_type": exc.type, "message": exc.message, "notices": []}
+    return render(request, "admin_ui/error.html", context, status=exc.status)
+
+
 def as_pantheon_error(exc: Exception) -> PantheonError | None:
     """Map DRF's own exceptions (parse errors, validation errors, ...) to the spec's types; None for anything else."""
     if isinstance(exc, PantheonError):
@@ -301,11 +316,16 @@ def drf_exception_handler(exc: Exception, context: dict):
 
 def handler400(request, exception=None):
     """Django's own 400s (e.g. a body over DATA_UPLOAD_MAX_MEMORY_SIZE) in the envelope."""
-    return error_response(InvalidRequest(str(exception) if exception else None, reason="bad_request"))
+    return render_error(request, InvalidRequest(str(exception) if exception else None, reason="bad_request"))
 
 
 def handler403(request, exception=None):
-    return error_response(Forbidden())
+    return render_error(request, Forbidden())
+
+
+def csrf_failure(request, reason=""):
+    """CSRF_FAILURE_VIEW: a UI form posted without a valid CSRF token is refused with 403, and changes nothing."""
+    return render_error(request, Forbidden("the form was refused: its CSRF token is missing or wrong; reload the page"))
 
 
 MANAGEMENT_PREFIX = "/api/weights/"
@@ -315,8 +335,8 @@ def handler404(request, exception=None):
     """Any path no route matches: 404 not_found "unknown route" (in the management envelope under /api/weights/)."""
     if request.path.startswith(MANAGEMENT_PREFIX):
         return error_response(ManagementError("NOT_FOUND", "unknown route", status=404))
-    return error_response(NotFound())
+    return render_error(request, NotFound())
 
 
 def handler500(request):
-    return error_response(ServerError("internal server error"))
+    return render_error(request, ServerError("internal server error"))

@@ -10,7 +10,7 @@ import uuid
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.utils.deprecation import MiddlewareMixin
 
-from pantheon_site.errors import PantheonError, error_response
+from pantheon_site.errors import PantheonError, render_error
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _ACCEPTABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -55,5 +55,5 @@ class ErrorEnvelopeMiddleware(MiddlewareMixin):
 
     def process_exception(self, request, exception):
         if isinstance(exception, PantheonError):
-            return error_response(exception)
+            return render_error(request, exception)
         return None

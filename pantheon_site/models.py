@@ -94,7 +94,7 @@ class AuditEvent(models.Model):
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     error_type = models.CharField(max_length=64, blank=True, help_text="the spec's error type when refused")
     reason = models.TextField(blank=True)
-    actor_kind = models.CharField(max_length=16, help_text="token, anonymous, cli or system")
+    actor_kind = models.CharField(max_length=16, help_text="token, user, anonymous, cli or system")
     actor_label = models.CharField(max_length=100, blank=True)
     model = models.CharField(max_length=200, blank=True)
     request_id = models.CharField(max_length=64, blank=True)

@@ -69,16 +69,31 @@ ALLOWED_HOSTS = [h.strip() for h in _env_str("PANTHEON_ALLOWED_HOSTS", "*").spli
 
 INSTALLED_APPS = [
     "daphne",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.staticfiles",
     "channels",
     "rest_framework",
+    "django_htmx",
     "pantheon_site",
     "inference",
     "weights",
     "admin_ui",
 ]
 
+# Sessions and auth are lazy (no query unless a view reads request.user), CSRF is checked only under /ui/ (every
+# other route authenticates with a bearer token, never a cookie) and the staff check only runs there: /v1 stays free
+# of database work.
 MIDDLEWARE = [
     "pantheon_site.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "admin_ui.middleware.UiCsrfMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "admin_ui.middleware.StaffOnlyMiddleware",
     "pantheon_site.middleware.ErrorEnvelopeMiddleware",
 ]
 
@@ -91,9 +106,27 @@ TEMPLATES = [
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         "DIRS": [],
         "APP_DIRS": True,
-        "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.csrf",
+            ]
+        },
     }
 ]
+
+# The operator UI (admin_ui): cookie sessions for staff users, served under /ui/ with its static files.
+LOGIN_URL = "/ui/login/"
+LOGIN_REDIRECT_URL = "/ui/"
+STATIC_URL = "/ui/static/"
+STATIC_ROOT = PANTHEON_DATA_DIR / "static"
+SESSION_COOKIE_PATH = "/ui/"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_PATH = "/ui/"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("PANTHEON_UI_SECURE_COOKIES", False)
+X_FRAME_OPTIONS = "DENY"
+CSRF_FAILURE_VIEW = "pantheon_site.errors.csrf_failure"
 
 if os.environ.get("DATABASE_URL"):
     # No persistent connections: under ASGI each request may run its queries on another thread (Django docs).

@@ -2,10 +2,12 @@
 
 from django.urls import include, path
 
-# The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*) are added here by the apps that own them.
+# The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*, the UI's /ui/*) are added here by the apps that own
+# them.
 urlpatterns = [
     path("", include("inference.urls")),
     path("", include("weights.urls")),
+    path("ui/", include("admin_ui.urls")),
 ]
 
 handler400 = "pantheon_site.errors.handler400"

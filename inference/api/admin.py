@@ -8,7 +8,7 @@ The work itself is in inference/services/model_lifecycle.py.
 from django.http import JsonResponse
 
 from inference.api.methods import only
-from inference.api.model_rows import admin_model_row
+from inference.api.model_rows import instance_rows
 from inference.api.operator_auth import admin_route
 from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
 from inference.runtime.host_probe import dies_visible
@@ -20,13 +20,7 @@ from inference.services.model_lifecycle import LoadRequest, do_load_model, do_un
 @admin_route("model_list")
 async def list_instances(request):
     """Every live instance, one row each (not deduplicated by name), with the scheduler's current occupancy."""
-    router = get_router()
-    live = {(s.device, m.name): m for s in await router.client.status() for m in s.models}
-    rows = [
-        admin_model_row(placement, live.get((placement.device, name)))
-        for name, placement in sorted(router.placements().items())
-    ]
-    return JsonResponse({"object": "list", "data": rows})
+    return JsonResponse({"object": "list", "data": await instance_rows(get_router())})
 
 
 @only("POST")

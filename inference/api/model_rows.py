@@ -15,6 +15,7 @@ from django.conf import settings
 
 from inference.engine.contract import messages as p
 from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.router import ModelRouter
 
 OWNED_BY = "pantheon"
 
@@ -94,3 +95,12 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
                        "blocks_cached": live.blocks_cached, "blocks_pinned": live.blocks_pinned,
                        "block_size": live.block_size, "sessions": live.sessions}  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}
+
+
+async def instance_rows(router: ModelRouter) -> list[dict[str, Any]]:
+    """Every live instance as GET /admin/models lists it (and the UI shows it), with the scheduler's occupancy."""
+    live = {(s.device, m.name): m for s in await router.client.status() for m in s.models}
+    return [
+        admin_model_row(placement, live.get((placement.device, name)))
+        for name, placement in sorted(router.placements().items())
+    ]

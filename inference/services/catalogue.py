@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from inference.engine.contract.checkpoint import Checkpoint, NotACheckpoint, inspect_checkpoint
 from inference.engine.contract.params import LoadOptions
-from inference.models import CatalogModel
+from inference.models import CatalogModel, InstanceState
 from pantheon_site.errors import LoadFailed
 
 # How the control plane answers a path that is not a checkpoint (NotACheckpoint.reason -> HTTP status).
@@ -44,4 +44,17 @@ def do_catalogue_model(
             "autoload": True,
         },
     )
+    return model
+
+
+def do_remove_catalogue_model(name: str) -> CatalogModel:
+    """Removes `name` from the catalogue, so `serve` no longer loads it. Refused (LoadFailed 409) while an instance
+    of it is served: unload it first. Its failed instance rows, kept only to show the error, go with it."""
+    model = CatalogModel.objects.filter(name=name).first()
+    if model is None:
+        raise LoadFailed(f"no catalogue entry named {name!r}", status=404, reason="not_catalogued")
+    if model.instances.exclude(state=InstanceState.FAILED).exists():
+        raise LoadFailed(f"{name!r} is loaded; unload it before removing it", status=409, reason="loaded")
+    model.instances.all().delete()
+    model.delete()
     return model

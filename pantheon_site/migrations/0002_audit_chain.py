@@ -31,6 +31,11 @@ class Migration(migrations.Migration):
     dependencies = [("pantheon_site", "0001_initial")]
 
     operations = [
+        migrations.AlterField(
+            model_name="auditevent",
+            name="actor_kind",
+            field=models.CharField(help_text="token, user, anonymous, cli or system", max_length=16),
+        ),
         migrations.AddField(
             model_name="auditevent",
             name="previous_hash",

@@ -1,0 +1,62 @@
+"""The two middlewares that fence the operator UI in under /ui/: CSRF checks, and staff-only access.
+
+Outside /ui/ both do nothing, so the API keeps its bearer-token checks and /v1 its database-free hot path.
+"""
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.middleware.csrf import CsrfViewMiddleware
+
+from pantheon_site.errors import UI_PREFIX
+
+# Reached without signing in: the sign-in page itself, and the static files it uses.
+_OPEN_PATHS = (settings.LOGIN_URL, settings.STATIC_URL)
+
+
+def is_ui_path(path: str) -> bool:
+    return path.startswith(UI_PREFIX)
+
+
+class UiCsrfMiddleware(CsrfViewMiddleware):
+    """Django's CSRF check for UI forms; the API routes authenticate with bearer tokens, which a browser never sends
+    on its own, so a forged cross-site request has nothing to ride on there."""
+
+    def process_view(self, request, callback, callback_args, callback_kwargs):
+        if not is_ui_path(request.path):
+            return None
+        return super().process_view(request, callback, callback_args, callback_kwargs)
+
+
+def _needs_sign_in(request, user) -> bool:
+    if not is_ui_path(request.path) or request.path.startswith(_OPEN_PATHS):
+        return False
+    return not (user.is_active and user.is_staff)
+
+
+class StaffOnlyMiddleware:
+    """Every UI URL, known or not, answers the sign-in page to anyone but an active staff user."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if self.is_async:
+            return self._acall(request)
+        if is_ui_path(request.path) and _needs_sign_in(request, request.user):
+            return redirect_to_login(request.get_full_path())
+        return self.get_response(request)
+
+    async def _acall(self, request):
+        if is_ui_path(request.path):
+            # Resolved here, once: an async view or its template may then read request.user without a query.
+            request.user = await request.auser()
+            if _needs_sign_in(request, request.user):
+                return redirect_to_login(request.get_full_path())
+        return await self.get_response(request)

@@ -1,0 +1,5 @@
+"""PLACEHOLDER by audit-page helper; delete me."""
+
+
+def page(request):
+    raise NotImplementedError
