@@ -111,7 +111,7 @@ class AuditEvent(models.Model):
         # The audit page lists newest first by id under any one filter; each index serves one filter's first page.
         indexes = [
             models.Index(fields=[name, "-id"], name=f"audit_{name}_id")
-            for name in ("operation", "outcome", "actor_label", "model", "error_type")
+            for name in ("operation", "outcome", "actor_kind", "actor_label", "model", "error_type")
         ]
 
     def __str__(self) -> str:

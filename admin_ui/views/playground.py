@@ -1,5 +1,11 @@
-"""PLACEHOLDER by audit-page helper; delete me."""
+"""The playground: a chat box that streams from /v1/chat/completions in the browser (static/admin_ui/playground.js),
+so what it shows is exactly what an API client gets. The page itself only lists the served models."""
+
+from admin_ui.views import common
+from inference.runtime.router import installed_router
 
 
 def page(request):
-    raise NotImplementedError
+    router = installed_router()
+    names = sorted(router.serving_names()) if router is not None else []
+    return common.page(request, "admin_ui/playground.html", "playground", models=names)

@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
             migrations.AddIndex(
                 model_name="auditevent", index=models.Index(fields=[name, "-id"], name=f"audit_{name}_id")
             )
-            for name in ("operation", "outcome", "actor_label", "model", "error_type")
+            for name in ("operation", "outcome", "actor_kind", "actor_label", "model", "error_type")
         ],
         migrations.RunPython(chain_existing_rows, migrations.RunPython.noop),
         migrations.RunPython(add_trigger, drop_trigger),
