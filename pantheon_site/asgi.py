@@ -22,6 +22,4 @@ from pantheon_site.cors import CorsMiddleware  # noqa: E402
 # Channels would go in a URLRouter placed in front of django_asgi_app under "http".
 # A body over PANTHEON_MAX_BODY_BYTES is refused (413) inside CORS, before routing reads it. The UI's static files
 # (STATIC_URL, /ui/static/) are served from the apps' static folders by Django's handler; every other path goes on.
-application = CorsMiddleware(
-    BodyLimitMiddleware(ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)}))
-)
+application = CorsMiddleware(BodyLimitMiddleware(ProtocolTypeRouter({"http": ASGIStaticFilesHandler(django_asgi_app)})))
