@@ -39,6 +39,15 @@ def _required_with_thinking(info: p.Loaded | None) -> bool | None:
     return settings.PANTHEON_TOOL_GRAMMAR != "0" and info.thinks_before_grammar
 
 
+def load_progress_fields(progress: p.LoadProgress | None) -> dict[str, int] | None:
+    """How far a running load has read: tensors and bytes of the totals (None once it is loaded, or before the
+    worker reported anything)."""
+    if progress is None:
+        return None
+    return {"tensors_read": progress.tensors_read, "tensors_total": progress.tensors_total,
+            "bytes_read": progress.bytes_read, "bytes_total": progress.bytes_total}  # fmt: skip
+
+
 def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
     """One entry of GET /v1/models."""
     info = placement.info
@@ -87,6 +96,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "reasoning_budget": options.reasoning_budget,
         "quantize": options.quantize,
         "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
+        "load_progress": load_progress_fields(placement.load_progress),
     }
     if live is not None:
         row["live"] = {"running": live.running, "waiting": live.waiting, "slots_used": live.slots_used,

@@ -30,6 +30,7 @@ from inference.engine.kv_budget import (
     weight_bytes_estimate,
 )
 from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
@@ -147,8 +148,9 @@ class HostedModel:
         self.barrier: WeightsBarrier | None = None  # the worker sets it once the model is loaded
 
     @classmethod
-    def load(cls, req: p.Load, device: str) -> HostedModel:
-        """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread).
+    def load(cls, req: p.Load, device: str, progress: ReadProgress | None = None) -> HostedModel:
+        """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
+        reports `progress`, which the read counts, while it runs).
         The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
         a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
         options, limits = req.options, req.limits
@@ -179,6 +181,7 @@ class HostedModel:
             context_window=window,
             block_size=limits.block_size,
             pool_tokens=min(limits.kv_pool_tokens, max(0, budget) // per_token),
+            progress=progress,
         )
         sessions = None
         if limits.max_sessions:

@@ -26,6 +26,7 @@ from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
+from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sequence import Sequence
 from inference.engine.weights.barrier import WeightsBarrier
 from inference.engine.weights.served_weights import ServedWeights
@@ -38,14 +39,18 @@ SMALL_MODEL_BYTES = 64 * 2**20
 # than handing it to the preparation thread and noticing the result.
 INLINE_PREPARE_CHARS = 16 * 1024
 BUSY_POLL_MS = 5  # how long the loop blocks on input while a load or a preparation may finish any moment
+LOAD_PROGRESS_INTERVAL = 0.2  # at most this often, seconds, a running load's LOAD_PROGRESS is sent
 
 
 @dataclass(slots=True)
 class PendingLoad:
     request: p.Load
     future: Future
+    progress: ReadProgress
     started: float = field(default_factory=time.monotonic)
     unload_call: str | None = None  # an UNLOAD that arrived meanwhile: drop the model when it is ready
+    reported: tuple[int, int, int, int] = (0, 0, 0, 0)  # the counts the last LOAD_PROGRESS carried
+    reported_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -270,7 +275,20 @@ class Worker:
             message = f"model {req.name!r} is already loaded"
             self.send(p.Error(request_id=req.request_id, reason=Reason.ALREADY_LOADED, message=message))
             return
-        self.loads.append(PendingLoad(req, self.loader.submit(HostedModel.load, req, self.device)))
+        progress = ReadProgress()
+        self.loads.append(PendingLoad(req, self.loader.submit(HostedModel.load, req, self.device, progress), progress))
+
+    def report_load_progress(self) -> None:
+        """LOAD_PROGRESS for each running load whose counts moved since the last one it sent."""
+        now = time.monotonic()
+        for pending in self.loads:
+            counts = pending.progress.counts()
+            if counts != pending.reported and now - pending.reported_at >= LOAD_PROGRESS_INTERVAL:
+                pending.reported, pending.reported_at = counts, now
+                tensors_read, tensors_total, bytes_read, bytes_total = counts
+                self.send(p.LoadProgress(name=pending.request.name, tensors_read=tensors_read,
+                                         tensors_total=tensors_total, bytes_read=bytes_read,
+                                         bytes_total=bytes_total))  # fmt: skip
 
     def finish_loads(self) -> None:
         for pending in [pl for pl in self.loads if pl.future.done()]:
@@ -353,6 +371,7 @@ class Worker:
         if self.preparing:
             self.finish_preparations()
         if self.loads:
+            self.report_load_progress()
             self.finish_loads()
         for hosted in self.models.values():
             for error in hosted.scheduler.expire_waiting():

@@ -59,6 +59,7 @@ class ModelPlacement:
     instance_id: int | None = None
     loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
     weights: WeightsSnapshot | None = None  # its weights barrier, as the worker last reported it
+    load_progress: p.LoadProgress | None = None  # how far its load has read, while it loads
 
 
 @dataclass(slots=True)
@@ -255,6 +256,7 @@ class ZmqEngineClient:
                 raise EngineError(message, Reason.LOAD_TIMEOUT) from exc
             raise
         placement.info, placement.state, placement.weights = info, "ready", info.weights
+        placement.load_progress = None
         if placement.loaded_at is None:
             placement.loaded_at = time.time()
         return info
@@ -488,6 +490,10 @@ class ZmqEngineClient:
                 pass
             case p.WeightsChanged(snapshot=snapshot):
                 self._note_weights(snapshot)
+            case p.LoadProgress(name=name):
+                placement = self._models.get(name)
+                if placement is not None and placement.state in {"loading", "reloading"}:
+                    placement.load_progress = message
             case p.Started() | p.Tokens() | p.Finished():
                 stream = self._streams.get(message.request_id)
                 if stream:

@@ -438,6 +438,17 @@ class WeightsRefused(Message, tag="n"):
     snapshot: WeightsSnapshot | None = None
 
 
+class LoadProgress(Message, tag="j"):
+    """How far the load of `name` has read its checkpoint: tensors and bytes (as stored in the file) of the totals.
+    Sent while the load runs, when the counts moved, at most every LOAD_PROGRESS_INTERVAL seconds."""
+
+    name: str
+    tensors_read: int
+    tensors_total: int
+    bytes_read: int
+    bytes_total: int
+
+
 class WeightsChanged(Message, tag="g"):
     """A model's barrier changed without a call: the watchdog tore the set, a hold timed out, an attachment went
     stale."""
@@ -494,6 +505,7 @@ FromWorker = (
     | WeightsReply
     | WeightsRefused
     | WeightsChanged
+    | LoadProgress
     | StepOutputs
 )
 

@@ -24,6 +24,7 @@ from inference.engine.contract.checkpoint import GGUF_MAGIC
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
 from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
+from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import expected_hf_shapes
 
@@ -53,7 +54,8 @@ class GGUFCheckpoint:
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
 
 
-def read_gguf(path: str | Path) -> GGUFCheckpoint:
+def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFCheckpoint:
+    """The config and the tensors (float32, Hugging Face names) of a GGUF file; `progress` counts what is decoded."""
     path = Path(path)
     reader = _open(path)
     by_name = {t.name: t for t in reader.tensors}
@@ -73,7 +75,12 @@ def read_gguf(path: str | Path) -> GGUFCheckpoint:
     for hf_name, name in hf_to_gguf.items():
         if hf_name not in expected:
             raise LoadError(path, f"unexpected tensor {name}: the metadata describes a model without it")
-    tensors = {hf_name: _decode(path, by_name[name], expected[hf_name]) for hf_name, name in hf_to_gguf.items()}
+    progress = progress or ReadProgress()
+    progress.expect(len(hf_to_gguf), sum(int(by_name[name].n_bytes) for name in hf_to_gguf.values()))
+    tensors = {}
+    for hf_name, name in hf_to_gguf.items():
+        tensors[hf_name] = _decode(path, by_name[name], expected[hf_name])
+        progress.read(int(by_name[name].n_bytes))
     if config.architecture == "llama":
         _permute_qk_to_rotate_half(tensors, config)
     return GGUFCheckpoint(config=config, tensors=tensors, reader=reader)

@@ -7,6 +7,7 @@ load with the file and the tensor named instead of deep inside a matmul.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,12 @@ import torch
 from safetensors import safe_open
 
 from inference.engine.errors import LoadError
+from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import expected_hf_shapes
+
+# Bytes per element of safetensors' dtype names (for the totals a load's progress is counted against).
+_ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 @dataclass(slots=True)
@@ -32,14 +37,17 @@ def read_hf_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_hf_dict(_read_json(file), file)
 
 
-def read_hf_dir(path: str | Path) -> HFCheckpoint:
+def read_hf_dir(path: str | Path, progress: ReadProgress | None = None) -> HFCheckpoint:
+    """The config and the expected tensors (float32) of a checkpoint directory; `progress` counts what is read."""
     root = Path(path)
     config = read_hf_config(root)
     expected = expected_hf_shapes(config)
     files = _tensor_files(root, expected)
+    progress = progress or ReadProgress()
+    progress.expect(len(expected), sum(_stored_bytes(file, names) for file, names in files.items()))
     tensors: dict[str, torch.Tensor] = {}
     for file, names in files.items():
-        tensors |= _read_safetensors(file, names)
+        tensors |= _read_safetensors(file, names, progress)
         for name in names:
             if tuple(tensors[name].shape) != expected[name]:
                 got, want = list(tensors[name].shape), list(expected[name])
@@ -87,16 +95,41 @@ def _tensor_files(root: Path, expected: dict[str, tuple[int, ...]]) -> dict[Path
     return {single: list(expected)}
 
 
-def _read_safetensors(file: Path, names: list[str]) -> dict[str, torch.Tensor]:
+def _open_safetensors(file: Path, names: list[str]):
     if not file.is_file():
         raise LoadError(file, "safetensors file not found")
+    handle = safe_open(file, framework="pt")
+    present = set(handle.keys())
+    missing = [name for name in names if name not in present]
+    if missing:
+        raise LoadError(file, _missing(missing))
+    return handle
+
+
+def _stored_bytes(file: Path, names: list[str]) -> int:
+    """Bytes the file stores for these tensors, from its header alone."""
     try:
-        with safe_open(file, framework="pt") as handle:
-            present = set(handle.keys())
-            missing = [name for name in names if name not in present]
-            if missing:
-                raise LoadError(file, _missing(missing))
-            return {name: handle.get_tensor(name).float() for name in names}
+        with _open_safetensors(file, names) as handle:
+            total = 0
+            for name in names:
+                tensor = handle.get_slice(name)
+                total += math.prod(tensor.get_shape()) * _ELEMENT_BYTES.get(tensor.get_dtype(), 4)
+            return total
+    except LoadError:
+        raise
+    except Exception as exc:  # safetensors raises its own error types (and OSError) for damaged files
+        raise LoadError(file, f"cannot read safetensors: {exc}") from exc
+
+
+def _read_safetensors(file: Path, names: list[str], progress: ReadProgress) -> dict[str, torch.Tensor]:
+    try:
+        with _open_safetensors(file, names) as handle:
+            tensors = {}
+            for name in names:
+                stored = handle.get_tensor(name)
+                progress.read(stored.nbytes)
+                tensors[name] = stored.float()
+            return tensors
     except LoadError:
         raise
     except Exception as exc:  # safetensors raises its own error types (and OSError) for damaged files

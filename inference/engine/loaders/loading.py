@@ -17,6 +17,7 @@ from inference.engine.contract.checkpoint import checkpoint_format as contract_c
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.model.transformer import Transformer
@@ -55,22 +56,23 @@ def load_model(
     block_size: int = DEFAULT_BLOCK_SIZE,
     pool_tokens: int = 0,
     attachable: bool = False,
+    progress: ReadProgress | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
     `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner).
     `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
-    `parameters`; it cannot be combined with `quantize`."""
+    `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read."""
     path = Path(path)
     device = torch.device(device)
     dtype = _resolve_dtype(dtype, device)
     fmt = checkpoint_format(path)
     if fmt == "hf":
-        checkpoint = read_hf_dir(path)
+        checkpoint = read_hf_dir(path, progress)
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
         tokenizer = Tokenizer.from_hf_dir(path)
     else:
-        checkpoint = read_gguf(path)
+        checkpoint = read_gguf(path, progress)
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
         tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
 

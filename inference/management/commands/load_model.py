@@ -1,22 +1,27 @@
 """manage.py load_model PATH: load a model into the running server, or, with none running, add it to the catalogue
 so that `serve` loads it at start. A Hugging Face checkpoint directory or a GGUF file.
 
-Against a running server the command calls POST /admin/models/load with the run's local credential; the server
-audits that call (as this OS user), so the command writes no audit event of its own. Without a server the command
+Against a running server the command calls POST /admin/models/load with the run's local credential, drawing the
+load's progress on stderr meanwhile; the server audits that call (as this OS user), so the command writes no audit
+event of its own. Without a server the command
 records the catalogue change (the same upsert the load route makes) and audits it.
 
 The option flags (--ctx-cap, ..., --dtype) are LoadOptions' fields, read from the struct with their descriptions;
 the body they make is validated by the load route's own serializer.
 """
 
+import sys
+
 import msgspec
 from django.conf import settings
 
 from inference.api.serializers import LoadModelSerializer, validated
 from inference.engine.contract.params import LoadOptions
+from inference.management.load_progress_bar import LoadProgressBar
 from inference.management.server_client import call_admin, running_server
 from inference.services.catalogue import checkpoint_at, do_catalogue_model
 from inference.services.model_lifecycle import LoadRequest
+from pantheon_site.errors import LoadFailed
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
 
 
@@ -54,9 +59,10 @@ class Command(PantheonCommand):
         server = running_server()
         if server is not None:
             self.audit.audited_elsewhere = True  # the server audits the call it answers
-            row = call_admin(
-                server, "/admin/models/load", body, actor=os_user(), timeout=settings.PANTHEON_LOAD_TIMEOUT_S + 30
-            )
+            with LoadProgressBar(server, body.get("name") or _default_name(body["path"]), sys.stderr):
+                row = call_admin(
+                    server, "/admin/models/load", body, actor=os_user(), timeout=settings.PANTHEON_LOAD_TIMEOUT_S + 30
+                )
             return CommandResult(lines=[_describe(row, server.url)])
         request = LoadRequest.from_body(body)
         checkpoint = checkpoint_at(request.path)
@@ -67,6 +73,14 @@ class Command(PantheonCommand):
             "`manage.py serve` loads it at start."
         ]
         return CommandResult(lines=lines, model=name, details={"path": checkpoint.path, "catalogue_only": True})
+
+
+def _default_name(path: str) -> str:
+    """The name the server will serve `path` under (empty when the path is no checkpoint: the server says why)."""
+    try:
+        return checkpoint_at(path).default_name
+    except LoadFailed:
+        return ""
 
 
 def _describe(row: dict, url: str) -> str:
