@@ -6,6 +6,8 @@ from inference.runtime.router import installed_router
 
 
 def page(request):
+    """The playground, its model select pre-filled with the names served now (none when this process runs no engine;
+    the browser then asks /v1/models)."""
     router = installed_router()
     names = sorted(router.serving_names()) if router is not None else []
     return common.page(request, "admin_ui/playground.html", "playground", models=names)

@@ -5,6 +5,7 @@ Set PANTHEON_UI_SCREENSHOTS to a folder to save a screenshot of each page there 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,19 +16,30 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from inference.models import CatalogModel
-from pantheon_site.models import AccessToken
+from pantheon_site.models import AccessToken, AuditEvent
 from pantheon_site.tokens import do_create_token
-from tests.inference.serving import operator_client
+from tests.inference.serving import operator_client, wait_for
+from tests.inference.weights_calls import Holder, new_token
+from tests.inference.weights_calls import status as weights_status
 from tests.ui.conftest import STAFF_PASSWORD
+from weights.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCREENSHOTS = os.environ.get("PANTHEON_UI_SCREENSHOTS", "")
+# A load (an attachable one copies its weights into shared memory) may take seconds on a loaded machine.
+expect.set_options(timeout=60_000)
+
+
+# A trainer that stops sending heartbeats goes stale this soon, so the weights test sees a stale attachment.
+HEARTBEAT_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    return start_server()
+    return start_server(
+        WEIGHTS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S), WEIGHTS_HEARTBEAT_INTERVAL_HINT_S=str(HEARTBEAT_TIMEOUT_S / 4)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -172,20 +184,61 @@ def test_filter_the_audit_log_to_a_revocation_and_export_it(page: Page, staff_us
     assert len(lines) == 2 and "token_revoke" in lines[1] and "drop-me" in lines[1]
 
 
-def test_release_a_session(page: Page, server, stories_gguf_path: Path):
+def test_export_release_and_restore_a_session(page: Page, server, stories_gguf_path: Path):
     load_from_catalogue(page, stories_gguf_path, "stories")
     body = {"model": "stories", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "session_id": "s-1"}
     assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
     page.goto("/ui/sessions/")
     row = page.locator("tr[data-session='s-1']")
     expect(row).to_be_visible()
+    tokens = int(row.locator("td").nth(2).inner_text())
     shot(page, "sessions")
+    with page.expect_download() as download:
+        row.get_by_role("button", name="Export").click()
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["session_id"] == "s-1" and exported["n_tok"] == tokens
+
     row.locator("button.release").click()
     expect(page.locator("main .notice.ok")).to_contain_text("Released session s-1")
     expect(page.locator("tr[data-session='s-1']")).to_have_count(0)
 
+    restore = page.locator("section[data-model='stories'] form[enctype='multipart/form-data']")
+    restore.locator("input[type=file]").set_input_files(download.value.path())
+    restore.locator("input[name=session_id]").fill("s-2")
+    restore.get_by_role("button", name="Restore", exact=True).click()
+    expect(page.locator("main .notice.ok")).to_contain_text(f"Restored session s-2 ({tokens} tokens)")
+    expect(page.locator("tr[data-session='s-2']")).to_be_visible()
+    operations = set(AuditEvent.objects.filter(actor_label="olga").values_list("operation", flat=True))
+    assert {"session_export", "session_release", "session_restore"} <= operations
 
-def test_the_weights_page_shows_the_barrier(page: Page):
+
+def test_the_weights_panel_shows_a_stale_trainer_the_operator_clears_and_the_lineage(
+    page: Page, server, stories_hf_dir: Path
+):
+    trainer = new_token("trainer", "trainer-1")
+    load_from_catalogue(page, stories_hf_dir, "stories")  # attachable: a trainer token exists
+    holder = Holder(server, trainer)
+    holder.attach()
+    holder.ok("quiesce")
+    holder.ok("commit-begin")
+    holder.ok("commit-end")
+    holder.ok("resume")
+    saved = holder.ok("save", {"run_id": "ui"})
     page.goto("/ui/weights/")
-    expect(page.locator("#attachment")).to_contain_text("serving")
+    panel = page.locator("#attachment")
+    expect(panel).to_contain_text("trainer · trainer-1")
+    lineage = page.locator("ul.tree")
+    expect(lineage).to_contain_text(saved["name"])
+    expect(lineage).to_contain_text(Checkpoint.objects.get(name=saved["name"]).weights_sha256)
+    expect(lineage).to_contain_text("by trainer-1")
+    # no heartbeats: the attachment goes stale, and only then is there anything to clear
+    wait_for(lambda: weights_status(server)["attachment"]["state"] == "stale", timeout=HEARTBEAT_TIMEOUT_S * 20)
+    page.reload()
+    expect(panel.locator(".state-stale")).to_be_visible()
     shot(page, "weights")
+    panel.get_by_role("button", name="Clear the stale attachment").click()
+    expect(page.locator("main .notice.ok")).to_contain_text("Cleared the stale attachment")
+    expect(page.locator("#attachment dd").first).to_have_text("no")
+    assert weights_status(server)["attached"] is False
+    event = AuditEvent.objects.get(operation="weights_clear_stale")
+    assert (event.outcome, event.actor_kind, event.actor_label) == ("accepted", "user", "olga")

@@ -1,0 +1,81 @@
+"""The playground page as the server renders it: its controls and script, the model select pre-filled with the served
+names, a tools example that parses, and the sign-in fence. The streaming itself runs in the browser
+(tests/ui/test_browser.py)."""
+
+import html
+import json
+import re
+
+import pytest
+from django.templatetags.static import static
+from django.test import Client
+from django.urls import reverse
+
+from inference.runtime.router import install_router, installed_router
+
+pytestmark = pytest.mark.django_db
+
+CONTROLS = ["model", "temperature", "max-tokens", "json", "tools", "tools-json", "token", "message", "send", "stop",
+            "transcript"]  # fmt: skip
+
+
+class ServingRouter:
+    """Just what the page asks a router: the names it serves now."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+
+    def serving_names(self) -> list[str]:
+        return self.names
+
+
+@pytest.fixture
+def operator(staff_user) -> Client:
+    client = Client()
+    client.force_login(staff_user)
+    return client
+
+
+@pytest.fixture
+def served():
+    """Installs a router serving the names given, and puts back the one that was there."""
+    before = installed_router()
+    yield lambda names: install_router(ServingRouter(names))
+    install_router(before)
+
+
+def test_the_page_has_every_control_and_loads_its_script(operator):
+    response = operator.get(reverse("ui:playground"))
+    assert response.status_code == 200
+    text = response.content.decode()
+    for control in CONTROLS:
+        assert f'id="pg-{control}"' in text, control
+    assert f'<script src="{static("admin_ui/playground.js")}"' in text
+    assert f'href="{static("admin_ui/playground.css")}"' in text
+    assert 'aria-current="page">Playground</a>' in text
+
+
+def test_the_model_select_lists_the_served_names_sorted(operator, served):
+    served(["tiny", "demo"])
+    text = operator.get(reverse("ui:playground")).content.decode()
+    assert re.findall(r"<option>([^<]*)</option>", text) == ["demo", "tiny"]
+
+
+def test_without_an_engine_the_select_says_no_model_is_served(operator, served):
+    install_router(None)
+    text = operator.get(reverse("ui:playground")).content.decode()
+    assert '<option value="">no model is served</option>' in text
+
+
+def test_the_tools_example_is_a_valid_function_tool(operator):
+    text = operator.get(reverse("ui:playground")).content.decode()
+    example = re.search(r'<textarea id="pg-tools-json"[^>]*>(.*?)</textarea>', text, re.S).group(1)
+    tools = json.loads(html.unescape(example))
+    assert [(t["type"], t["function"]["name"]) for t in tools] == [("function", "get_weather")]
+    assert tools[0]["function"]["parameters"]["required"] == ["city"]
+
+
+def test_anonymous_users_are_sent_to_sign_in():
+    response = Client().get(reverse("ui:playground"))
+    assert response.status_code == 302
+    assert response["Location"] == "/ui/login/?next=/ui/playground/"
