@@ -38,7 +38,8 @@ HEARTBEAT_TIMEOUT_S = 1.0
 @pytest.fixture(scope="module")
 def server(start_server):
     return start_server(
-        WEIGHTS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S), WEIGHTS_HEARTBEAT_INTERVAL_HINT_S=str(HEARTBEAT_TIMEOUT_S / 4)
+        WEIGHTS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S),
+        WEIGHTS_HEARTBEAT_INTERVAL_HINT_S=str(HEARTBEAT_TIMEOUT_S / 4),
     )
 
 
@@ -97,11 +98,18 @@ def load_from_catalogue(page: Page, path: Path, name: str) -> None:
     expect(page.locator(f"#instances tr[data-model='{name}'] .instance-state")).to_have_text("ready")
 
 
-def test_sign_in_shows_the_dashboard(page: Page):
+def test_sign_in_shows_the_dashboard_which_follows_a_load_without_a_reload(page: Page, server, stories_gguf_path):
     expect(page).to_have_url(re.compile(r"/ui/$"))
     expect(page.locator("#health")).to_contain_text("ok")
     expect(page.locator("#devices")).to_contain_text("cpu")
-    shot(page, "dashboard")
+    expect(page.locator("#instances")).to_contain_text("No model is served")
+    with operator_client(server, new_token("operator", "ops")) as api:  # a load made elsewhere, by the API
+        assert api.post("/admin/models/load", json={"path": str(stories_gguf_path), "name": "tiny"}).is_success
+        row = page.locator("#instances tr[data-model='tiny']")
+        expect(row.locator(".instance-state")).to_have_text("ready")
+        expect(row).to_contain_text("512 / 512")  # the context window, served / configured
+        expect(page.locator("#devices")).to_contain_text("tiny")
+        shot(page, "dashboard")
 
 
 def test_load_a_model_from_the_catalogue_and_see_it_ready(page: Page, stories_gguf_path: Path):

@@ -184,7 +184,7 @@
       return;
     }
     const parts = assistantTurn();
-    const answer = { content: "", toolCalls: [], finish: "", usage: null, formatStatus: "" };
+    const answer = { opened: false, content: "", toolCalls: [], finish: "", usage: null, formatStatus: "" };
     controller = new AbortController();
     $("pg-send").disabled = true;
     $("pg-stop").disabled = false;
@@ -197,19 +197,20 @@
         const failure = await response.json().catch(() => ({}));
         throw new Error(failure.error ? errorText(failure.error) : `HTTP ${response.status}`);
       }
+      answer.opened = true;
       await readStream(response, parts, answer);
     } catch (error) {
       parts.error.textContent = error.name === "AbortError" ? "stopped" : error.message;
     } finally {
       const calls = answer.toolCalls.filter(Boolean);
-      if (answer.content || calls.length) {
-        // What arrived stays in the conversation, even when it was stopped or cut by an error.
+      if (answer.opened) {
+        // The model's turn stays in the conversation as far as it came, even when it was stopped or cut by an error.
         const reply = { role: "assistant", content: answer.content };
         if (calls.length) reply.tool_calls = calls;
         messages.push(reply);
-        pendingCalls = calls;
+        pendingCalls = [...calls];
       } else {
-        // Nothing came back: the turn is taken back (its text returns to the box), so a retry does not repeat it.
+        // Refused before it began: the turn is taken back (its text returns to the box), so a retry does not repeat it.
         messages.length = kept.length;
         pendingCalls = kept.pendingCalls;
         $("pg-message").value = text;
