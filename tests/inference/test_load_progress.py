@@ -9,6 +9,7 @@ from inference.management.load_progress_bar import progress_line
 from inference.runtime.in_process_client import InProcessEngineClient
 from tests.inference.engine_calls import load
 
+
 class WatchingClient(InProcessEngineClient):
     """The in-process client, keeping each LOAD_PROGRESS it received and the row its placement showed then."""
 

@@ -3,7 +3,7 @@
 // is what a client gets. Model text only ever goes in through textContent.
 (() => {
   const $ = (id) => document.getElementById(id);
-  const messages = []; // the conversation sent with each request, the system prompt aside (it is read at each send)
+  let messages = []; // the conversation sent with each request, the system prompt aside (it is read at each send)
   let pendingCalls = []; // the last answer's tool calls that no tool message has answered yet
   let controller = null;
 
@@ -169,10 +169,27 @@
       : "Say something (Enter sends, Shift+Enter is a new line)";
   }
 
+  function keepTurn(answer, kept, text) {
+    if (answer.opened) {
+      // The model's turn stays in the conversation as far as it came, even when it was stopped or cut by an error.
+      const calls = answer.toolCalls.filter(Boolean);
+      const reply = { role: "assistant", content: answer.content };
+      if (calls.length) reply.tool_calls = calls;
+      messages.push(reply);
+      pendingCalls = [...calls];
+    } else {
+      // Refused before it began: the turn is taken back (its text returns to the box), so a retry does not repeat it.
+      messages.length = kept.length;
+      pendingCalls = kept.pendingCalls;
+      $("pg-message").value = text;
+    }
+  }
+
   async function send() {
     const text = $("pg-message").value.trim();
     if (!text || controller) return;
-    const kept = { length: messages.length, pendingCalls: [...pendingCalls] };
+    const history = messages; // New chat replaces it
+    const kept = { length: history.length, pendingCalls: [...pendingCalls] };
     const turn = nextTurn(text);
     messages.push(turn);
     if (turn.role === "tool") pendingCalls.shift();
@@ -202,19 +219,8 @@
     } catch (error) {
       parts.error.textContent = error.name === "AbortError" ? "stopped" : error.message;
     } finally {
-      const calls = answer.toolCalls.filter(Boolean);
-      if (answer.opened) {
-        // The model's turn stays in the conversation as far as it came, even when it was stopped or cut by an error.
-        const reply = { role: "assistant", content: answer.content };
-        if (calls.length) reply.tool_calls = calls;
-        messages.push(reply);
-        pendingCalls = [...calls];
-      } else {
-        // Refused before it began: the turn is taken back (its text returns to the box), so a retry does not repeat it.
-        messages.length = kept.length;
-        pendingCalls = kept.pendingCalls;
-        $("pg-message").value = text;
-      }
+      // Unless New chat started over while this answer streamed, the conversation takes in how the turn went.
+      if (history === messages) keepTurn(answer, kept, text);
       showComposeHint();
       controller = null;
       $("pg-send").disabled = false;
@@ -231,7 +237,7 @@
   $("pg-stop").addEventListener("click", () => controller?.abort());
   $("pg-clear").addEventListener("click", () => {
     controller?.abort();
-    messages.length = 0;
+    messages = [];
     pendingCalls = [];
     showComposeHint();
     $("pg-transcript").replaceChildren();
