@@ -52,6 +52,7 @@ class GGUFCheckpoint:
     config: ModelConfig
     tensors: dict[str, torch.Tensor]  # Hugging Face names, float32 on CPU, q/k in rotate_half layout
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
+    tensor_types: dict[str, str]  # each tensor's ggml type name in the file ("F32", "Q8_0", "Q4_K", ...), by HF name
 
 
 def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFCheckpoint:
@@ -83,7 +84,8 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
         progress.read(int(by_name[name].n_bytes))
     if config.architecture == "llama":
         _permute_qk_to_rotate_half(tensors, config)
-    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader)
+    types = {hf_name: by_name[name].tensor_type.name for hf_name, name in hf_to_gguf.items()}
+    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader, tensor_types=types)
 
 
 def read_gguf_config(path: str | Path) -> ModelConfig:

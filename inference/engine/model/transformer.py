@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.model.config import ModelConfig
+from inference.engine.model.int4 import int4_linears
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.quantize import quantize_linears
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
@@ -225,6 +226,7 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
         quantize: bool = False,
         attachable: bool = False,
+        four_bit: frozenset[str] = frozenset(),
     ) -> Transformer:
         """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
         context_window. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
@@ -233,7 +235,10 @@ class Transformer(nn.Module):
         `attachable` keeps every weight where another process can map it and in a layout where each Hugging Face
         tensor is a view of what the model computes with (inference/engine/weights): on CPU all of them in one
         shared-memory arena (`model.arena`), with the linear layers left as nn.Linear (slower than the repacked
-        ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes."""
+        ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
+
+        `four_bit` names the Hugging Face weights the checkpoint stores 4-bit: on CPU in float32, a linear layer
+        made only of them keeps 4-bit weights (model/int4.py)."""
         if quantize and attachable:
             raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
         with torch.device("meta"):
@@ -257,7 +262,11 @@ class Transformer(nn.Module):
         model.requires_grad_(False).eval()
         if quantize:
             quantize_linears(model)
-        elif on_cpu and not attachable:
+            return model
+        if four_bit and on_cpu and not attachable and dtype == torch.float32:
+            sources = linear_sources(config)
+            int4_linears(model, {module for module, names in sources.items() if set(names) <= four_bit})
+        if on_cpu and not attachable:
             cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
         return model
 
@@ -316,6 +325,18 @@ def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     return shapes
+
+
+def linear_sources(config: ModelConfig) -> dict[str, list[str]]:
+    """Each linear layer of the model, by module name, with the Hugging Face weights fuse_hf_weights makes it of."""
+    sources = {"lm_head": ["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]}
+    for i in range(config.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        sources[dst + "attention.wqkv"] = [f"{src}self_attn.{n}_proj.weight" for n in "qkv"]
+        sources[dst + "attention.wo"] = [src + "self_attn.o_proj.weight"]
+        sources[dst + "feed_forward.w13"] = [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"]
+        sources[dst + "feed_forward.w2"] = [src + "mlp.down_proj.weight"]
+    return sources
 
 
 def fuse_hf_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
