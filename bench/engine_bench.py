@@ -1,8 +1,9 @@
 """Engine-only throughput: prefill and decode tokens/s at batch 1, 8 and 32, with no HTTP or IPC in the way.
 
-Models: stories260K (the real tiny model) and a random ~85M-parameter Llama (bench/random_model.py). Decode is
-greedy (argmax of the batch's logits). Also measures this machine's copy bandwidth, to put batch-1 decode next to
-its floor: weight bytes read per token / bandwidth. Run: .venv/bin/python bench/engine_bench.py [--models DIR]
+Models: stories260K (the real tiny model) and a random ~85M-parameter Llama (bench/random_model.py), from its HF
+directory and as GGUF in F32, Q8_0 and Q4_0 (in memory: float32, float32, 4-bit; docs/quantized-weights.md).
+Decode is greedy (argmax of the batch's logits). Also measures this machine's copy bandwidth, to put batch-1 decode
+next to its floor: weight bytes read per token / bandwidth. Run: .venv/bin/python bench/engine_bench.py [--models DIR]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from random_model import write_random_llama  # noqa: E402
+from random_model import write_quantized_gguf, write_random_llama  # noqa: E402
 
 from inference.engine.loaders.loading import load_model  # noqa: E402
 
@@ -78,9 +79,13 @@ def main() -> None:
     parser.add_argument(
         "--models", type=Path, default=Path(os.environ.get("PANTHEON_TEST_MODELS", repo.parent / "shared" / "models"))
     )
+    parser.add_argument(
+        "--only", help="comma-separated model labels (stories260K, random85M, 85M-F32, 85M-Q8_0, 85M-Q4_0)"
+    )
     args = parser.parse_args()
     stories_hf, stories_gguf = args.models / "stories260K-hf", args.models / "stories260K.gguf"
-    random_hf, _ = write_random_llama(stories_hf, stories_gguf)
+    random_hf, random_gguf = write_random_llama(stories_hf, stories_gguf)
+    quantized = [(write_quantized_gguf(stories_hf, stories_gguf, q), f"85M-{q}") for q in ("Q8_0", "Q4_0")]
     bandwidth = copy_bandwidth_gbs()
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
@@ -90,7 +95,10 @@ def main() -> None:
         f"{'model':<12} {'batch':>5} {'prefill tok/s':>14} {'decode tok/s':>13} {'ms/step':>8} {'floor ms':>9} "
         f"{'step/floor':>10}"
     )
-    for path, label in ((stories_hf, "stories260K"), (random_hf, "random85M")):
+    models = [(stories_hf, "stories260K"), (random_hf, "random85M"), (random_gguf, "85M-F32"), *quantized]
+    if args.only:
+        models = [(path, label) for path, label in models if label in args.only.split(",")]
+    for path, label in models:
         for row in bench_model(path, label):
             floor_ms = 1000 * row["weight_bytes"] / (bandwidth * 1e9)  # weight bytes per token / copy bandwidth
             print(

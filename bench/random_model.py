@@ -1,4 +1,5 @@
-"""Writes the benchmarks' random ~85M-parameter Llama, as a Hugging Face directory and as a GGUF file.
+"""Writes the benchmarks' random ~85M-parameter Llama, as a Hugging Face directory and as GGUF files (F32, and
+quantized with the `gguf` package: Q8_0 and Q4_0, the two types it can write).
 
 Shaped like the model in PERFORMANCE-TARGETS (hidden 768, 12 layers, 12 heads, FFN 2048) with stories260K's
 512-token vocabulary and tokenizer, so its numbers compare with llama.cpp's on the same shape. The weights are random
@@ -45,6 +46,19 @@ def write_random_llama(
         shutil.copy(stories_hf / name, hf_dir / name)
     _write_gguf(gguf_path, config, tensors, stories_gguf)
     return hf_dir, gguf_path
+
+
+def write_quantized_gguf(stories_hf: Path, stories_gguf: Path, qtype: str, out_dir: Path | None = None) -> Path:
+    """The random Llama as a GGUF file whose matrices are `qtype` ("Q8_0" or "Q4_0"); norms stay F32."""
+    hf_dir, _ = write_random_llama(stories_hf, stories_gguf, out_dir)
+    path = hf_dir.parent / f"random85m-{qtype}.gguf"
+    if not path.exists():
+        from safetensors.torch import load_file
+
+        config = json.loads((hf_dir / "config.json").read_text())
+        tensors = load_file(str(hf_dir / "model.safetensors"))
+        _write_gguf(path, config, tensors, stories_gguf, gguf.GGMLQuantizationType[qtype])
+    return path
 
 
 def _random_tensors(config: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -95,7 +109,13 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{layer}.{layer_names[rest.removesuffix('.weight')]}.weight"
 
 
-def _write_gguf(path: Path, config: dict, tensors: dict[str, torch.Tensor], stories_gguf: Path) -> None:
+def _write_gguf(
+    path: Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    stories_gguf: Path,
+    qtype: gguf.GGMLQuantizationType | None = None,
+) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -110,7 +130,11 @@ def _write_gguf(path: Path, config: dict, tensors: dict[str, torch.Tensor], stor
     for name, tensor in tensors.items():
         if ".q_proj." in name or ".k_proj." in name:
             tensor = _meta_order(tensor, config["num_attention_heads"])
-        writer.add_tensor(_gguf_name(name), np.ascontiguousarray(tensor.numpy()))
+        values = np.ascontiguousarray(tensor.numpy())
+        if qtype is not None and values.ndim == 2:
+            writer.add_tensor(_gguf_name(name), gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(_gguf_name(name), values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

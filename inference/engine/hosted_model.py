@@ -29,7 +29,7 @@ from inference.engine.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.loaders.loading import LoadedModel, linear_formats, load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
@@ -388,6 +388,7 @@ class HostedModel:
             tool_dialect=self.tool_dialect,
             thinks_before_grammar=self.think_in_prompt or self.think_open_id is not None,
             weights=self.barrier.snapshot(),
+            linear_formats=linear_formats(model.runner.model),
         )
 
     def status(self) -> p.ModelStatus:

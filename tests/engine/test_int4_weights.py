@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from inference.engine.loaders.gguf import read_gguf
-from inference.engine.loaders.loading import FOUR_BIT_TYPES, weight_bytes
+from inference.engine.loaders.loading import FOUR_BIT_TYPES, linear_formats, weight_bytes
 from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer
@@ -74,3 +74,9 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
     groups = codes.reshape(16, 2, GROUP_SIZE).float() - 8
     scale, zero = scales_zeros.float().transpose(0, 1)[..., :1], scales_zeros.float().transpose(0, 1)[..., 1:]
     assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
+
+
+def test_a_load_reports_its_linear_layers_formats(tmp_path: Path):
+    path = _write(tmp_path, Q.Q4_0)
+    assert linear_formats(_model(path, four_bit=True)) == {"int4": 5}
+    assert linear_formats(_model(path, four_bit=False)) == {"float32": 5}

@@ -321,6 +321,8 @@ class Loaded(Message, tag="l"):
     # opens it with its one `<think>` token): the grammar then waits for `</think>`.
     thinks_before_grammar: bool = False
     weights: WeightsSnapshot | None = None  # the model's weights barrier as loaded
+    # How many linear layers hold their weights in each in-memory format ("int4", "int8", "float32", ...).
+    linear_formats: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Unloaded(Message, tag="u"):

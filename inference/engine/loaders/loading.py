@@ -19,8 +19,10 @@ from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
+from inference.engine.model.int4 import Int4Linear
+from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
-from inference.engine.model.transformer import Transformer
+from inference.engine.model.transformer import PackedLinear, Transformer, TransposedLinear
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
 
@@ -143,6 +145,27 @@ def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's weights, each shared tensor counted once, int8 layers at their int8 size."""
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
     return sum(storages.values()) + sum(getattr(m, "weight_nbytes", 0) for m in model.modules())
+
+
+def linear_formats(model: torch.nn.Module) -> dict[str, int]:
+    """How many linear layers keep their weights in each in-memory format: "int4" (model/int4.py), "int8"
+    (model/quantize.py), else the weights' dtype ("float32", "bfloat16", "float16")."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            kind = "int4"
+        elif isinstance(module, DynamicInt8Linear | WeightOnlyInt8Linear):
+            kind = "int8"
+        elif isinstance(module, PackedLinear):  # oneDNN packs float32 weights only
+            kind = "float32"
+        elif isinstance(module, TransposedLinear):
+            kind = str(module.weight_t.dtype).removeprefix("torch.")
+        elif isinstance(module, torch.nn.Linear):
+            kind = str(module.weight.dtype).removeprefix("torch.")
+        else:
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
