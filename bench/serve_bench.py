@@ -3,7 +3,8 @@
 Starts `manage.py serve` on a free loopback port with a temporary PANTHEON_DATA_DIR (or, with --url, uses a running
 server whose admin secret --admin-secret gives), loads each model with max_concurrent 32 through POST
 /admin/models/load, and drives it like PERFORMANCE-TARGETS' llama.cpp reference: "Once upon a time"-style prompts,
-temperature 0, max_tokens 128 on stories260K and 64 on the random 85M model (served from its GGUF file).
+temperature 0, max_tokens 128 on stories260K and 64 on the random 85M model (served from its GGUF files: F32, Q8_0
+and Q4_0). Each model is unloaded before the next loads; the worker's resident memory is read after its runs.
 
 Each of the N clients runs a bounded loop of --rounds requests, one after another; a round is timed as a whole.
 Reported per (model, N): aggregate completion tokens/s (usage.completion_tokens of every request / wall time of the
@@ -11,7 +12,8 @@ rounds), median and p99 time to first token, median inter-token latency (the gap
 carry tokens; one token each unless the client fell behind), and the CPU seconds the client used
 (it shares the machine's two cores with the server, as llama.cpp's reference client did).
 
-Run: .venv/bin/python bench/serve_bench.py [--models DIR] [--only stories|random] [--streams 1,8,32] [--rounds 2]
+Run: .venv/bin/python bench/serve_bench.py [--models DIR] [--only stories260K,random85m-Q4_0,...] [--streams 1,8,32]
+[--rounds 2]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from random_model import write_random_llama  # noqa: E402
+from random_model import write_quantized_gguf, write_random_llama  # noqa: E402
 
 PROMPTS = [
     "Once upon a time",
@@ -184,6 +186,23 @@ def load(url: str, admin_secret: str, path: Path, name: str, ctx_cap: int) -> No
         raise RuntimeError(f"loading {name} failed: HTTP {response.status_code} {response.text[:500]}")
 
 
+def unload(url: str, admin_secret: str, name: str) -> None:
+    headers = {"Authorization": f"Bearer {admin_secret}", "X-Pantheon-Actor": "serve_bench"}
+    httpx.post(f"{url}/admin/models/unload", json={"name": name}, headers=headers, timeout=600).raise_for_status()
+
+
+def worker_rss_mb(server: Server | None) -> float:
+    """Resident memory of the server's worker process (nan with --url: its processes are not ours to look at)."""
+    if server is None:
+        return float("nan")
+    import psutil
+
+    for child in psutil.Process(server.process.pid).children():
+        if "worker_process" in " ".join(child.cmdline()):
+            return child.memory_info().rss / 2**20
+    return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -191,7 +210,7 @@ def main() -> None:
     )
     parser.add_argument("--url", help="a running server (its models are loaded with --admin-secret)")
     parser.add_argument("--admin-secret", help="the running server's admin bearer token (with --url)")
-    parser.add_argument("--only", choices=("stories", "random"), help="bench one model")
+    parser.add_argument("--only", help="comma-separated served names: stories260K, random85m, random85m-Q8_0, ...")
     parser.add_argument("--streams", default="1,8,32", help="comma-separated client counts")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client, one after another")
     args = parser.parse_args()
@@ -202,8 +221,11 @@ def main() -> None:
     # model's output is half byte tokens that are not text on their own, so it asks for logprobs: then every token
     # is an event, which is what time to first token and inter-token latency need.
     models = [("stories260K", stories_gguf, 128, 256, False), ("random85m", random_gguf, 64, 256, True)]
+    for qtype in ("Q8_0", "Q4_0"):
+        path = write_quantized_gguf(args.models / "stories260K-hf", stories_gguf, qtype)
+        models.append((f"random85m-{qtype}", path, 64, 256, True))
     if args.only:
-        models = [m for m in models if m[0].startswith(args.only)]
+        models = [m for m in models if m[0] in args.only.split(",")]
 
     server = None
     if args.url:
@@ -215,7 +237,7 @@ def main() -> None:
         print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; server {url}")
         print(
             f"{'model':<12} {'N':>3} {'reqs':>5} {'tokens':>7} {'tok/s':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
-            f"{'ITL p50 ms':>11} {'client cpu s':>13}"
+            f"{'ITL p50 ms':>11} {'client cpu s':>13} {'worker MB':>10}"
         )
         for name, path, max_tokens, ctx_cap, logprobs in models:
             load(url, secret, path, name, ctx_cap)
@@ -224,9 +246,10 @@ def main() -> None:
                 print(
                     f"{name:<12} {n:>3} {row['requests']:>5} {row['tokens']:>7} {row['tok_s']:>8.1f} "
                     f"{row['ttft_median_ms']:>12.1f} {row['ttft_p99_ms']:>12.1f} {row['itl_median_ms']:>11.2f} "
-                    f"{row['client_cpu_s']:>13.2f}",
+                    f"{row['client_cpu_s']:>13.2f} {worker_rss_mb(server):>10.0f}",
                     flush=True,
                 )
+            unload(url, secret, name)
     finally:
         if server:
             server.stop()

@@ -26,6 +26,7 @@ from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
+from inference.engine.loaders.loading import return_freed_memory
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sequence import Sequence
 from inference.engine.weights.barrier import WeightsBarrier
@@ -344,9 +345,11 @@ class Worker:
             self.send(p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted)))
 
     def free_memory(self) -> None:
+        """After an unload: the model's memory goes back to the device, and on the host to the operating system."""
         gc.collect()
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
+        return_freed_memory()
 
     # -- status and housekeeping ---------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ A directory is a Hugging Face checkpoint; a `.gguf` file is a GGUF checkpoint. B
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,7 @@ def load_model(
         four_bit=four_bit,
     )  # fmt: skip
     del tensors, checkpoint
+    return_freed_memory()
     eos = [*config.eos_token_ids, *extra_eos]
     if tokenizer.eos_token_id is not None:
         eos.append(tokenizer.eos_token_id)
@@ -166,6 +168,17 @@ def linear_formats(model: torch.nn.Module) -> dict[str, int]:
             continue
         counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def return_freed_memory() -> None:
+    """Hands freed heap memory back to the operating system: the float32 copies a load made, an unloaded model.
+    glibc keeps freed small and medium blocks for reuse, so without this a 4-bit model's worker stays as large in
+    memory as its float32 expansion was (measured: 1042 MB resident for the 85M Q4_0 model, 875 MB after), and a
+    worker as large as the largest model it ever held. A no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
