@@ -92,6 +92,15 @@ class Worker:
     def stop(self) -> None:
         self.stopping = True
 
+    def step_models(self) -> list[p.Message]:
+        """One step of every model with work. A method of its own, so that no model stays referenced from the
+        loop's frame once it is unloaded (its memory would never be freed)."""
+        outputs: list[p.Message] = []
+        for hosted in list(self.models.values()):
+            if hosted.scheduler.has_work:
+                outputs += self.step(hosted)
+        return outputs
+
     def run(self) -> None:
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.send(p.Ready(device=self.device, pid=os.getpid(), cuda_devices=cuda_devices))
@@ -100,10 +109,7 @@ class Worker:
             busy = any(h.scheduler.has_work for h in self.models.values())
             self.poll_input(0 if busy else self.idle_timeout())
             # 2) step each model's scheduler
-            outputs: list[p.Message] = []
-            for hosted in list(self.models.values()):
-                if hosted.scheduler.has_work:
-                    outputs += self.step(hosted)
+            outputs = self.step_models()
             # 3) send the step's outputs, all in one message
             if outputs:
                 for message in outputs:
@@ -325,24 +331,44 @@ class Worker:
         else:
             hosted.unload, hosted.deadline = req, time.monotonic() + max(0.0, req.drain_timeout)
 
+    def run_timers(self) -> None:
+        """Queue waits that ran out, idle sessions, the weights barriers' timers. (A method of its own, like
+        step_models: housekeeping's frame must hold no model when finish_unloads frees one.)"""
+        for hosted in self.models.values():
+            for error in hosted.scheduler.expire_waiting():
+                self.forget_finished(error)
+                self.send(error)
+            if hosted.scheduler.sessions is not None:
+                hosted.scheduler.sessions.expire()
+        for hosted in self.models.values():
+            self.send_all(hosted.barrier.tick())
+
     def finish_unloads(self) -> None:
-        for hosted in [h for h in self.models.values() if h.unload]:
-            call, scheduler = hosted.unload, hosted.scheduler
-            if (scheduler.running or scheduler.waiting) and time.monotonic() < hosted.deadline:
-                continue
-            if (scheduler.running or scheduler.waiting) and not call.force:
-                hosted.unload = None
-                message = f"model {hosted.name!r} still has generations running after {call.drain_timeout:g} s"
-                self.send(p.Error(request_id=call.request_id, reason=Reason.DRAIN_TIMEOUT, message=message))
-                continue
-            aborted = scheduler.abort_all()
-            message = f"model {hosted.name!r} was unloaded"
-            for seq in aborted:
-                self.requests.pop(seq.request_id, None)
-                self.send(p.Error(request_id=seq.request_id, reason=Reason.MODEL_UNLOADED, message=message))
-            del self.models[hosted.name]
+        ended = [self.end_unload(hosted) for hosted in [h for h in self.models.values() if h.unload]]
+        if replies := [reply for reply in ended if reply is not None]:
+            # Here, where no frame holds an unloaded model any more: a model is a reference cycle (its barrier
+            # points back at it), so only a collection frees its weights and KV pool; then the UNLOADED replies.
             self.free_memory()
-            self.send(p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted)))
+            self.send_all(replies)
+
+    def end_unload(self, hosted: HostedModel) -> p.Unloaded | None:
+        """Ends an unload whose drain is over (its UNLOADED reply, to send once the model is freed), refuses one
+        that timed out without `force`, or waits (None for both)."""
+        call, scheduler = hosted.unload, hosted.scheduler
+        if (scheduler.running or scheduler.waiting) and time.monotonic() < hosted.deadline:
+            return None
+        if (scheduler.running or scheduler.waiting) and not call.force:
+            hosted.unload = None
+            message = f"model {hosted.name!r} still has generations running after {call.drain_timeout:g} s"
+            self.send(p.Error(request_id=call.request_id, reason=Reason.DRAIN_TIMEOUT, message=message))
+            return None
+        aborted = scheduler.abort_all()
+        message = f"model {hosted.name!r} was unloaded"
+        for seq in aborted:
+            self.requests.pop(seq.request_id, None)
+            self.send(p.Error(request_id=seq.request_id, reason=Reason.MODEL_UNLOADED, message=message))
+        del self.models[hosted.name]
+        return p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted))
 
     def free_memory(self) -> None:
         """After an unload: the model's memory goes back to the device, and on the host to the operating system."""
@@ -376,14 +402,7 @@ class Worker:
         if self.loads:
             self.report_load_progress()
             self.finish_loads()
-        for hosted in self.models.values():
-            for error in hosted.scheduler.expire_waiting():
-                self.forget_finished(error)
-                self.send(error)
-            if hosted.scheduler.sessions is not None:
-                hosted.scheduler.sessions.expire()
-        for hosted in self.models.values():
-            self.send_all(hosted.barrier.tick())
+        self.run_timers()
         self.finish_unloads()
         self.finish_pauses()
         now = time.monotonic()

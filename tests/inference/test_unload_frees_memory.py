@@ -1,0 +1,31 @@
+"""An unloaded model is freed by the worker itself: nothing keeps it (its weights and KV pool) alive, and the worker
+collects it at once rather than at some later garbage collection."""
+
+import gc
+import weakref
+
+import pytest
+
+from inference.engine.hosted_model import HostedModel
+from inference.runtime.in_process_client import InProcessEngineClient
+from tests.inference.engine_calls import generate, load
+
+
+def hosted_models() -> list[weakref.ref]:
+    return [weakref.ref(o) for o in gc.get_objects() if type(o) is HostedModel]
+
+
+@pytest.mark.asyncio
+async def test_an_unloaded_model_is_freed_by_the_unload(stories_gguf_path):
+    client = InProcessEngineClient()  # the worker loop in a thread of this process, so its objects are visible
+    await client.start()
+    try:
+        await load(client, "stories", str(stories_gguf_path))
+        generation = await generate(client, "stories", prompt_token_ids=[1, 300], max_tokens=4)
+        [_ async for _ in generation]
+        [model] = hosted_models()
+        assert model() is not None
+        await client.unload("stories")  # no collection here: the worker's own must have freed it
+        assert model() is None
+    finally:
+        await client.close()
