@@ -11,8 +11,8 @@ from inference.runtime.in_process_client import InProcessEngineClient
 from tests.inference.engine_calls import generate, load
 
 
-def hosted_models() -> list[weakref.ref]:
-    return [weakref.ref(o) for o in gc.get_objects() if type(o) is HostedModel]
+def hosted_models() -> list[HostedModel]:
+    return [o for o in gc.get_objects() if type(o) is HostedModel]
 
 
 @pytest.mark.asyncio
@@ -20,10 +20,11 @@ async def test_an_unloaded_model_is_freed_by_the_unload(stories_gguf_path):
     client = InProcessEngineClient()  # the worker loop in a thread of this process, so its objects are visible
     await client.start()
     try:
+        others = [weakref.ref(o) for o in hosted_models()]  # models other tests of this process left behind
         await load(client, "stories", str(stories_gguf_path))
         generation = await generate(client, "stories", prompt_token_ids=[1, 300], max_tokens=4)
         [_ async for _ in generation]
-        [model] = hosted_models()
+        [model] = [weakref.ref(o) for o in hosted_models() if not any(r() is o for r in others)]
         assert model() is not None
         await client.unload("stories")  # no collection here: the worker's own must have freed it
         assert model() is None
