@@ -133,19 +133,26 @@ def test_chat_in_the_playground_streams_tokens(page: Page, stories_gguf_path: Pa
     load_from_catalogue(page, stories_gguf_path, "stories")
     page.goto("/ui/playground/")
     page.select_option("#pg-model", "stories")
-    page.fill("#pg-max-tokens", "48")
-    # Count the updates the answer gets: a streamed answer grows chunk by chunk, a whole one arrives at once.
+    page.fill("#pg-max-tokens", "128")
+    # Watch the answer: each delta the page applies is one change to .pg-content (however the network batched the
+    # events), and the lengths it had when the browser got to show it prove it grew while the stream ran.
     page.evaluate(
-        """() => { window.pgUpdates = 0;
-        new MutationObserver(() => { window.pgUpdates += 1; }).observe(
-          document.querySelector('#pg-transcript'), {subtree: true, childList: true, characterData: true}); }"""
+        """() => { window.pgUpdates = 0; window.pgShown = [];
+        new MutationObserver((records) => {
+          window.pgUpdates += records.filter((r) => r.target.classList?.contains('pg-content')).length;
+          const content = [...document.querySelectorAll('.pg-turn.assistant .pg-content')].pop();
+          if (content) window.pgShown.push(content.textContent.length);
+        }).observe(document.querySelector('#pg-transcript'), {subtree: true, childList: true, characterData: true});
+        }"""
     )
     page.fill("#pg-message", "Once upon a time")
     page.click("#pg-send")
     answer = page.locator(".pg-turn.assistant").last
     expect(answer.locator(".pg-finish")).to_contain_text("length")
-    assert len(answer.locator(".pg-content").inner_text().strip()) > 0
+    final = len(answer.locator(".pg-content").text_content())
+    assert final > 0
     assert page.evaluate("window.pgUpdates") > 10
+    assert any(0 < shown < final for shown in page.evaluate("window.pgShown"))  # seen part-way, before the end
     shot(page, "playground")
 
 
