@@ -3,10 +3,11 @@
 Outside /ui/ both do nothing, so the API keeps its bearer-token checks and /v1 its database-free hot path.
 """
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.middleware.csrf import CsrfViewMiddleware
+from django.utils.decorators import sync_and_async_middleware
 
 from pantheon_site.errors import UI_PREFIX
 
@@ -34,29 +35,24 @@ def _needs_sign_in(request, user) -> bool:
     return not (user.is_active and user.is_staff)
 
 
-class StaffOnlyMiddleware:
+@sync_and_async_middleware
+def staff_only_middleware(get_response):
     """Every UI URL, known or not, answers the sign-in page to anyone but an active staff user."""
+    if iscoroutinefunction(get_response):
 
-    sync_capable = True
-    async_capable = True
+        async def middleware(request):
+            if is_ui_path(request.path):
+                # Resolved here, once: an async view or its template may then read request.user without a query.
+                request.user = await request.auser()
+                if _needs_sign_in(request, request.user):
+                    return redirect_to_login(request.get_full_path())
+            return await get_response(request)
 
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+    else:
 
-    def __call__(self, request):
-        if self.is_async:
-            return self._acall(request)
-        if is_ui_path(request.path) and _needs_sign_in(request, request.user):
-            return redirect_to_login(request.get_full_path())
-        return self.get_response(request)
-
-    async def _acall(self, request):
-        if is_ui_path(request.path):
-            # Resolved here, once: an async view or its template may then read request.user without a query.
-            request.user = await request.auser()
-            if _needs_sign_in(request, request.user):
+        def middleware(request):
+            if is_ui_path(request.path) and _needs_sign_in(request, request.user):
                 return redirect_to_login(request.get_full_path())
-        return await self.get_response(request)
+            return get_response(request)
+
+    return middleware

@@ -93,7 +93,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "admin_ui.middleware.StaffOnlyMiddleware",
+    "admin_ui.middleware.staff_only_middleware",
     "pantheon_site.middleware.ErrorEnvelopeMiddleware",
 ]
 

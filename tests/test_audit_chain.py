@@ -1,6 +1,7 @@
 """Tamper evidence: each audit row is hash-chained to the one before; `manage.py audit --verify` names the first
 row that was altered or removed; the database trigger refuses UPDATE (and, on PostgreSQL, DELETE) even in raw SQL."""
 
+import contextlib
 from io import StringIO
 
 import pytest
@@ -25,6 +26,16 @@ def _verify() -> str:
     out = StringIO()
     call_command("audit", "--verify", stdout=out)
     return out.getvalue()
+
+
+@contextlib.contextmanager
+def trigger_dropped():
+    """The append-only trigger off for the block: what someone with the table owner's rights could do."""
+    remove_trigger(connection)
+    try:
+        yield
+    finally:
+        install_trigger(connection)
 
 
 def _raw(sql: str, params=()) -> None:
@@ -53,33 +64,24 @@ def test_events_written_in_bulk_are_chained_too():
 
 def test_altering_one_row_with_raw_sql_is_named_by_verify():
     events = _write(5)
-    remove_trigger(connection)
-    try:
+    with trigger_dropped():
         _raw(f"UPDATE {TABLE} SET reason = %s WHERE id = %s", ["nothing happened", events[2].id])
-    finally:
-        install_trigger(connection)
     with pytest.raises(CommandError, match=f"broken at event {events[2].id}: its content does not match"):
         _verify()
 
 
 def test_removing_a_row_breaks_the_link_of_the_next():
     events = _write(4)
-    remove_trigger(connection)
-    try:
+    with trigger_dropped():
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [events[1].id])
-    finally:
-        install_trigger(connection)
     with pytest.raises(CommandError, match=f"broken at event {events[2].id}: its link does not meet"):
         _verify()
 
 
 def test_removing_the_newest_rows_shows_against_the_chain_head():
     events = _write(3)
-    remove_trigger(connection)
-    try:
+    with trigger_dropped():
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [events[2].id])
-    finally:
-        install_trigger(connection)
     report = verify_audit_log()
     assert not report.intact and "newest events were removed" in report.problem
 

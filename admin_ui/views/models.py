@@ -53,9 +53,14 @@ async def live(request):
                        drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S, unload_button=True)  # fmt: skip
 
 
-async def _shielded(action):
-    """Run `action` (a coroutine function) as a task the request's cancellation does not reach."""
-    return await asyncio.shield(asyncio.ensure_future(action()))
+async def _shielded(request, action, failed: str, done):
+    """Runs `action` (a coroutine function) as a task the request's cancellation does not reach, then renders the
+    page with `done(result)` as its notice, or `failed` and the error's message."""
+    try:
+        result = await asyncio.shield(asyncio.ensure_future(action()))
+    except PantheonError as error:
+        return await _render(request, [Notice(f"{failed}: {error.message}", "error")])
+    return await _render(request, [Notice(done(result))])
 
 
 @require_POST
@@ -69,11 +74,9 @@ async def load(request):
             call.details = {"path": row["path"], "device": row["device"], "instance_id": row.get("instance_id")}
             return row
 
-    try:
-        row = await _shielded(audited_load)
-    except PantheonError as error:
-        return await _render(request, [Notice(f"The load failed: {error.message}", "error")])
-    return await _render(request, [Notice(f"Loaded {row['id']} on {row['device']}.")])
+    return await _shielded(
+        request, audited_load, "The load failed", lambda row: f"Loaded {row['id']} on {row['device']}."
+    )
 
 
 @require_POST
@@ -86,11 +89,9 @@ async def unload(request):
             call.details = {k: v for k, v in result.items() if k != "unloaded"}
             return result
 
-    try:
-        result = await _shielded(audited_unload)
-    except PantheonError as error:
-        return await _render(request, [Notice(f"The unload failed: {error.message}", "error")])
-    return await _render(request, [Notice(f"Unloaded {result['unloaded']}.")])
+    return await _shielded(
+        request, audited_unload, "The unload failed", lambda result: f"Unloaded {result['unloaded']}."
+    )
 
 
 def _save_catalogue_entry(request) -> CatalogModel:
