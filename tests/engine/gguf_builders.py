@@ -110,3 +110,17 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def tokenizer_of(source: Path) -> Callable[[gguf.GGUFWriter], None]:
+    """An `extra` for write_gguf that copies the `tokenizer.*` metadata of the GGUF file `source`."""
+    fields = [f for f in gguf.GGUFReader(str(source)).fields.values() if f.name.startswith("tokenizer.")]
+
+    def add(writer: gguf.GGUFWriter) -> None:
+        for field in fields:
+            if field.types[0] == gguf.GGUFValueType.ARRAY:
+                writer.add_array(field.name, field.contents())
+            else:
+                writer.add_key_value(field.name, field.contents(), field.types[0])
+
+    return add

@@ -69,13 +69,16 @@ HF_NAMES = {
 }
 
 
-def encode(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) -> tuple[np.ndarray, Q]:
-    """Random weights of `shape` (torch order) as the bytes of a `qtype` tensor: [rows, bytes per row] uint8."""
+def encode(
+    rng: np.random.Generator, qtype: Q, shape: tuple[int, int], k_scales: tuple[float, float] = (1e-3, 2e-2)
+) -> tuple[np.ndarray, Q]:
+    """Random weights of `shape` (torch order) as the bytes of a `qtype` tensor: [rows, bytes per row] uint8.
+    K-quant super-block scales are drawn from `k_scales`."""
     if qtype in _K_SCALE_OFFSETS:
         block_size, type_size = GGML_QUANT_SIZES[qtype]
         blocks = rng.integers(0, 256, size=(shape[0] * shape[1] // block_size, type_size), dtype=np.uint8)
         for offset in _K_SCALE_OFFSETS[qtype]:
-            scales = rng.uniform(1e-3, 2e-2, size=(blocks.shape[0], 1)).astype(np.float16)
+            scales = rng.uniform(*k_scales, size=(blocks.shape[0], 1)).astype(np.float16)
             blocks[:, offset : offset + 2] = scales.view(np.uint8)
         return blocks.reshape(shape[0], -1), qtype
     weights = rng.standard_normal(shape).astype(np.float32)

@@ -23,6 +23,7 @@ from inference.engine.model.config import ModelConfig
 from inference.engine.model.int4 import Int4Linear
 from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
+from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import PackedLinear, Transformer, TransposedLinear
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
@@ -30,8 +31,6 @@ from inference.engine.weights.parameter_views import ParameterViews
 # A config's max_position_embeddings can be 128k; a KV cache that long for every slot would not fit in memory.
 DEFAULT_MAX_CONTEXT = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# GGUF types whose tensors stay 4-bit in memory on CPU when the load leaves dtype automatic (model/int4.py).
-FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
 
 
 @dataclass(slots=True)
@@ -68,7 +67,8 @@ def load_model(
     `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner).
     `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
-    left automatic, a GGUF file's 4-bit tensors (FOUR_BIT_TYPES) stay 4-bit on CPU; dtype float32 expands them."""
+    left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (model/stored_quant.py);
+    dtype float32 expands them."""
     path = Path(path)
     device = torch.device(device)
     automatic_dtype = dtype is None
@@ -78,20 +78,20 @@ def load_model(
         checkpoint = read_hf_dir(path, progress)
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
         tokenizer = Tokenizer.from_hf_dir(path)
-        four_bit = frozenset()
+        keep = None
     else:
         checkpoint = read_gguf(path, progress)
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
         tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
-        stored = checkpoint.tensor_types.items()
-        four_bit = frozenset(n for n, t in stored if t in FOUR_BIT_TYPES) if automatic_dtype else frozenset()
+        stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
+        keep = KeepQuantized(stored) if automatic_dtype and stored else None
 
     context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
     if context > config.context_limit:
         raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
     model = Transformer.from_hf_weights(
         config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable,
-        four_bit=four_bit,
+        keep=keep,
     )  # fmt: skip
     del tensors, checkpoint
     return_freed_memory()

@@ -1,5 +1,6 @@
-"""4-bit linear weights on CPU, for GGUF tensors stored 4-bit (Q4_0, Q4_K): torch's weight-only int4 kernels
-(`_convert_weight_to_int4pack_for_cpu`, `_weight_int4pack_mm_for_cpu`, as gpt-fast and torchao use them).
+"""4-bit linear weights on CPU, for GGUF tensors stored 4-bit (Q4_0, Q4_K) where model/stored_quant.py picks this
+form: torch's weight-only int4 kernels (`_convert_weight_to_int4pack_for_cpu`, `_weight_int4pack_mm_for_cpu`, as
+gpt-fast and torchao use them).
 
 Each group of 32 input values of an output row keeps 16 levels, `w = (q - 8) * scale + zero`, with `scale` and
 `zero` in bfloat16. A Q4_0 block, and a Q4_K sub-block, are already at most 16 evenly spaced levels: the group's own
@@ -75,15 +76,3 @@ class Int4Linear(nn.Module):
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_zeros)
         out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias
-
-
-def int4_linears(model: nn.Module, names: set[str]) -> int:
-    """Replaces the model's nn.Linear modules named in `names` (that fit the kernel) with Int4Linear, in place;
-    returns how many were replaced."""
-    replaced = 0
-    for qualified, module in list(model.named_modules()):
-        if qualified in names and isinstance(module, nn.Linear) and fits_int4(module):
-            parent_name, _, child = qualified.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, Int4Linear(module))
-            replaced += 1
-    return replaced

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.int4 import int4_linears
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.quantize import quantize_linears
+from inference.engine.model.stored_quant import KeepQuantized, keep_quantized
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
 
 
@@ -226,7 +226,7 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
         quantize: bool = False,
         attachable: bool = False,
-        four_bit: frozenset[str] = frozenset(),
+        keep: KeepQuantized | None = None,
     ) -> Transformer:
         """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
         context_window. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
@@ -237,8 +237,8 @@ class Transformer(nn.Module):
         shared-memory arena (`model.arena`), with the linear layers left as nn.Linear (slower than the repacked
         ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
 
-        `four_bit` names the Hugging Face weights the checkpoint stores 4-bit: on CPU in float32, a linear layer
-        made only of them keeps 4-bit weights (model/int4.py)."""
+        `keep` names the Hugging Face weights the checkpoint stores quantized: on CPU in float32, the linear layers
+        made of them stay quantized in the form model/stored_quant.py chooses."""
         if quantize and attachable:
             raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
         with torch.device("meta"):
@@ -263,9 +263,8 @@ class Transformer(nn.Module):
         if quantize:
             quantize_linears(model)
             return model
-        if four_bit and on_cpu and not attachable and dtype == torch.float32:
-            sources = linear_sources(config)
-            int4_linears(model, {module for module, names in sources.items() if set(names) <= four_bit})
+        if keep is not None and on_cpu and not attachable and dtype == torch.float32:
+            keep_quantized(model, linear_sources(config), keep)
         if on_cpu and not attachable:
             cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
         return model

@@ -1,0 +1,64 @@
+"""Which in-memory form a linear layer takes when its checkpoint stores it quantized (GGUF Q4_0, Q4_K, Q5_K, Q6_K,
+Q8_0), on CPU with dtype left automatic: 4-bit codes (model/int4.py), int8 (model/quantize.py's fbgemm layer), or
+float32 as the file expands to.
+
+The choice is by what measured fastest (docs/quantized-weights.md has the figures):
+- A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
+  of an int8 call (quantizing its activations) is several times a small float GEMM's.
+- Where the CPU has AVX-512 BF16, a layer made only of 4-bit tensors keeps 4-bit codes: torch's int4 kernel is
+  vectorized for bfloat16 there and reads half the bytes of int8.
+- Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on an
+  AVX2 CPU it is faster than the int4 kernel at every batch size, and than float32, bfloat16 or fp16 weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from inference.engine.model.int4 import Int4Linear, fits_int4
+from inference.engine.model.quantize import DynamicInt8Linear
+
+QUANTIZED_TYPES = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"})
+FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
+# Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
+MIN_QUANTIZED_ELEMENTS = 1 << 18
+
+
+def int4_kernel_is_fast() -> bool:
+    return torch.cpu._is_avx512_bf16_supported()
+
+
+@dataclass(frozen=True)
+class KeepQuantized:
+    """What a load keeps quantized: `stored_types` maps the Hugging Face names of the checkpoint's quantized tensors
+    to their GGUF type; `int4_kernel` and `min_elements` default to this CPU's choice."""
+
+    stored_types: Mapping[str, str]
+    int4_kernel: bool = field(default_factory=int4_kernel_is_fast)
+    min_elements: int = MIN_QUANTIZED_ELEMENTS
+
+    def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
+        """ "int4", "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
+        types = [self.stored_types.get(name) for name in sources]
+        if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
+            return None
+        if self.int4_kernel and all(t in FOUR_BIT_TYPES for t in types) and fits_int4(linear):
+            return "int4"
+        return "int8"
+
+
+def keep_quantized(model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized) -> None:
+    """Replaces, in place, each of the model's float32 linear layers (by module name in `sources`, with the tensors
+    each is fused from) that `keep` says stays quantized."""
+    for qualified, module in list(model.named_modules()):
+        if qualified not in sources or not isinstance(module, nn.Linear):
+            continue
+        form = keep.form(module, sources[qualified])
+        if form is not None:
+            parent_name, _, child = qualified.rpartition(".")
+            layer = Int4Linear(module) if form == "int4" else DynamicInt8Linear(module)
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)

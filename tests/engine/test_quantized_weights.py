@@ -1,0 +1,209 @@
+"""GGUF tensors stored quantized (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0) stay quantized in memory on CPU: logits within a
+tolerance per type of the same file expanded to float32, a fraction of the weight bytes, small layers and every
+other type computed as before, and stories260K's greedy tokens from a Q8_0 file those of the float32 expansion."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+from inference.engine.loaders.gguf import read_gguf
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
+from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
+from inference.engine.model.quantize import DynamicInt8Linear
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized, int4_kernel_is_fast
+from inference.engine.model.transformer import Transformer
+from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
+from tests.engine.test_gguf_quant import CONFIG, encode
+
+PROMPTS = [[1, 5, 9, 3, 7, 2, 11, 4], [1, 15, 14, 13, 12, 6, 8, 10, 0, 3]]
+
+# A one-layer llama whose five linear layers (the output head too) are large enough to stay quantized.
+WIDE = CONFIG | {
+    "vocab_size": 512,
+    "hidden_size": 512,
+    "intermediate_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+}
+WIDE_MATRICES = {
+    "token_embd.weight": (512, 512),
+    "output.weight": (512, 512),
+    "blk.0.attn_q.weight": (512, 512),
+    "blk.0.attn_k.weight": (256, 512),
+    "blk.0.attn_v.weight": (256, 512),
+    "blk.0.attn_output.weight": (512, 512),
+    "blk.0.ffn_gate.weight": (512, 512),
+    "blk.0.ffn_up.weight": (512, 512),
+    "blk.0.ffn_down.weight": (512, 512),
+}
+WIDE_NORMS = {"output_norm.weight": (512,), "blk.0.attn_norm.weight": (512,), "blk.0.ffn_norm.weight": (512,)}
+
+# max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. int4: the
+# bfloat16 rounding of activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the
+# weights requantized per output channel and the activations per call (7 bits on a CPU without VNNI,
+# model/quantize.py). docs/quantized-weights.md lists what was measured.
+TOLERANCE = {
+    ("int4", "Q4_0"): 0.02,
+    ("int4", "Q4_K"): 0.02,
+    ("int8", "Q4_0"): 0.1,
+    ("int8", "Q4_K"): 0.02,
+    ("int8", "Q5_K"): 0.02,
+    ("int8", "Q6_K"): 0.2,
+    ("int8", "Q8_0"): 0.1,
+}
+LAYER_CLASS = {"int4": Int4Linear, "int8": DynamicInt8Linear}
+
+
+def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
+    checkpoint = read_gguf(path)
+    return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+
+
+def _keep(path: Path, *, int4_kernel: bool) -> KeepQuantized:
+    stored = {n: t for n, t in read_gguf(path).tensor_types.items() if t in QUANTIZED_TYPES}
+    return KeepQuantized(stored, int4_kernel=int4_kernel)
+
+
+def _logits(model: Transformer) -> list[torch.Tensor]:
+    runner = ModelRunner(model, max_concurrent=1, context_window=64)
+    out = []
+    for ids in PROMPTS:
+        slot = runner.allocate_slot()
+        out.append(runner.prefill(slot, ids, all_logits=True))
+        runner.free_slot(slot)
+    return out
+
+
+# Each K-quant's super-block scale range that puts its weights at a trained model's scale (|w| ~ 0.05): random
+# blocks otherwise give weights up to ~80 (Q6_K), whose activations no trained model has.
+K_SCALE_RANGE = {Q.Q4_K: (1e-4, 4e-4), Q.Q5_K: (5e-5, 2e-4), Q.Q6_K: (6.2e-5, 1.2e-4)}
+
+
+def encode_at_scale(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) -> tuple[np.ndarray, Q]:
+    """Random weights of `shape` as `qtype` bytes, at a trained model's scale (test_gguf_quant.encode's are ~1)."""
+    if qtype in K_SCALE_RANGE:
+        blocks, _ = encode(rng, qtype, shape, K_SCALE_RANGE[qtype])
+        if qtype == Q.Q6_K:  # its 16 int8 sub-block scales, as a quantizer sets them: within 2x of the largest
+            per_block = blocks.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+            per_block[:, 192:208] = rng.integers(64, 128, size=(per_block.shape[0], 16), dtype=np.uint8)
+        return blocks, qtype
+    if qtype in (Q.Q8_0, Q.Q4_0):
+        return encode_values((0.05 * rng.standard_normal(shape)).astype(np.float32), qtype)
+    return encode(rng, qtype, shape)
+
+
+def _write(
+    tmp_path: Path, qtype: Q, config=WIDE, matrices=WIDE_MATRICES, norms=WIDE_NORMS, tokenizer: Path | None = None
+) -> Path:
+    rng = np.random.default_rng(7 + int(qtype))
+    tensors = {name: encode_at_scale(rng, qtype, shape) for name, shape in matrices.items()}
+    tensors |= {name: (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32) for name, shape in norms.items()}
+    extra = tokenizer_of(tokenizer) if tokenizer else None
+    return write_gguf(tmp_path / f"model-{qtype.name}.gguf", config, tensors, extra=extra)
+
+
+@pytest.mark.parametrize(("form", "qtype"), list(TOLERANCE), ids=lambda v: v if isinstance(v, str) else v.name)
+def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form: str, qtype: str):
+    path = _write(tmp_path, Q[qtype])
+    reference, kept = _model(path), _model(path, _keep(path, int4_kernel=form == "int4"))
+    layers = [m for m in kept.modules() if isinstance(m, LAYER_CLASS[form])]
+    assert len(layers) == 5  # wqkv, wo, w13, w2 and the output head
+    assert weight_bytes(kept) < (0.5 if form == "int4" else 0.6) * weight_bytes(reference)
+    for got, want in zip(_logits(kept), _logits(reference), strict=True):
+        assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
+
+
+def test_float_tensors_compute_as_before(tmp_path: Path):
+    path = _write(tmp_path, Q.F32)
+    model = _model(path, _keep(path, int4_kernel=True))
+    assert linear_formats(model) == {"float32": 5}
+    for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_layers_that_fit_in_cache_stay_float(tmp_path: Path):
+    narrow = CONFIG | {"vocab_size": 256}  # every layer, the output head too, under MIN_QUANTIZED_ELEMENTS
+    matrices = {name: (shape[0] // 2, shape[1] // 2) for name, shape in WIDE_MATRICES.items()}
+    path = _write(tmp_path, Q.Q8_0, narrow, matrices, {n: (256,) for n in WIDE_NORMS})
+    model = _model(path, _keep(path, int4_kernel=False))
+    assert linear_formats(model) == {"float32": 5}
+    for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_group_of_sixteen_even_levels_is_kept_exactly():
+    levels = torch.arange(16, dtype=torch.float32) * 0.25 - 2.0  # 16 evenly spaced values, bfloat16-exact
+    weight = levels.repeat(16, 2 * GROUP_SIZE // 16)[:, torch.randperm(2 * GROUP_SIZE)]
+    codes, scales_zeros = group_quantize(weight)
+    groups = codes.reshape(16, 2, GROUP_SIZE).float() - 8
+    scale, zero = scales_zeros.float().transpose(0, 1)[..., :1], scales_zeros.float().transpose(0, 1)[..., 1:]
+    assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0], ids=lambda t: t.name)
+def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
+    path = _write(tmp_path, qtype, tokenizer=stories_gguf_path)
+    automatic = load_model(path, max_concurrent=1, context_window=64)
+    expected = "int4" if int4_kernel_is_fast() and qtype == Q.Q4_0 else "int8"
+    assert linear_formats(automatic.runner.model) == {expected: 5}
+    assert linear_formats(load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model) == {
+        "float32": 5
+    }
+
+
+def _stories_as_gguf(path: Path, stories_hf_dir: Path, stories_gguf_path: Path, qtype: Q) -> Path:
+    checkpoint = read_hf_dir(stories_hf_dir)
+    config = checkpoint.config
+    hf_config = CONFIG | {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "max_position_embeddings": config.context_limit,
+        "rms_norm_eps": config.rms_norm_eps,
+    }
+    tensors = {}
+    for name, tensor in checkpoint.tensors.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+            tensor = meta_permute(tensor, heads)
+        values = tensor.float().numpy()
+        tensors[gguf_name(name)] = (
+            encode_values(values, qtype) if values.ndim == 2 and values.shape[1] % 32 == 0 else values
+        )
+    return write_gguf(path, hf_config, tensors, extra=tokenizer_of(stories_gguf_path))
+
+
+def encode_values(values: np.ndarray, qtype: Q) -> tuple[np.ndarray, Q]:
+    """float32 `values` [rows, cols] as the bytes of a `qtype` tensor (a type gguf-py can quantize to)."""
+    raw = gguf.quants.quantize(np.ascontiguousarray(values), qtype)
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(values.shape[0], -1), qtype
+
+
+def test_stories260k_from_q8_0_decodes_the_float32_expansions_greedy_tokens(
+    tmp_path: Path, stories_hf_dir: Path, stories_gguf_path: Path
+):
+    path = _stories_as_gguf(tmp_path / "stories260K-Q8_0.gguf", stories_hf_dir, stories_gguf_path, Q.Q8_0)
+    assert "Q8_0" in read_gguf(path).tensor_types.values()
+    outputs = []
+    for dtype in (None, "float32"):
+        runner = load_model(path, dtype=dtype, max_concurrent=1, context_window=256).runner
+        tokens = []
+        for prompt in PROMPTS:
+            slot = runner.allocate_slot()
+            token = int(runner.prefill(slot, prompt).argmax())
+            for _ in range(64):
+                tokens.append(token)
+                token = int(runner.decode([slot], [token])[0].argmax())
+            runner.free_slot(slot)
+        outputs.append(tokens)
+    assert outputs[0] == outputs[1]
