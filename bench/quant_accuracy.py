@@ -1,6 +1,7 @@
 """How far a GGUF file's quantized in-memory form (load dtype automatic) is from the same file expanded to float32
 (load dtype "float32"): logits on fixed prompts, and for how many greedy tokens they agree. Model: the random 85M
-Llama as Q8_0 and Q4_0 (bench/random_model.py); stories260K's Q8_0 case is a test (tests/engine/test_quantized_weights.py).
+Llama as Q8_0 and Q4_0 (bench/random_model.py); stories260K's Q8_0 case is a test
+(tests/engine/test_quantized_weights.py).
 
 Run: .venv/bin/python bench/quant_accuracy.py [--models DIR] [--tokens 64]
 """
@@ -38,8 +39,8 @@ def compare(path: Path, count: int) -> dict:
     for prompt in PROMPTS:
         (got, got_tokens), (want, want_tokens) = (greedy(m.runner, prompt, count) for m in (kept, expanded))
         worst = max(worst, ((got - want).abs().max() / want.abs().max()).item())
-        first_difference = next((i for i, (a, b) in enumerate(zip(got_tokens, want_tokens)) if a != b), count)
-        agree += first_difference
+        pairs = enumerate(zip(got_tokens, want_tokens, strict=True))
+        agree += next((i for i, (a, b) in pairs if a != b), count)
         total += count
     return {
         "formats": linear_formats(kept.runner.model),
