@@ -99,9 +99,10 @@ def encode_at_scale(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) 
     return encode(rng, qtype, shape)
 
 
-def _write(
+def write_wide_gguf(
     tmp_path: Path, qtype: Q, config=WIDE, matrices=WIDE_MATRICES, norms=WIDE_NORMS, tokenizer: Path | None = None
 ) -> Path:
+    """A random llama (WIDE unless told otherwise) whose matrices are `qtype`, with `tokenizer`'s vocabulary."""
     rng = np.random.default_rng(7 + int(qtype))
     tensors = {name: encode_at_scale(rng, qtype, shape) for name, shape in matrices.items()}
     tensors |= {name: (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32) for name, shape in norms.items()}
@@ -111,7 +112,7 @@ def _write(
 
 @pytest.mark.parametrize(("form", "qtype"), list(TOLERANCE), ids=lambda v: v if isinstance(v, str) else v.name)
 def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form: str, qtype: str):
-    path = _write(tmp_path, Q[qtype])
+    path = write_wide_gguf(tmp_path, Q[qtype])
     reference, kept = _model(path), _model(path, _keep(path, int4_kernel=form == "int4"))
     layers = [m for m in kept.modules() if isinstance(m, LAYER_CLASS[form])]
     assert len(layers) == 5  # wqkv, wo, w13, w2 and the output head
@@ -121,7 +122,7 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
 
 
 def test_float_tensors_compute_as_before(tmp_path: Path):
-    path = _write(tmp_path, Q.F32)
+    path = write_wide_gguf(tmp_path, Q.F32)
     model = _model(path, _keep(path, int4_kernel=True))
     assert linear_formats(model) == {"float32": 5}
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
@@ -131,7 +132,7 @@ def test_float_tensors_compute_as_before(tmp_path: Path):
 def test_layers_that_fit_in_cache_stay_float(tmp_path: Path):
     narrow = CONFIG | {"vocab_size": 256}  # every layer, the output head too, under MIN_QUANTIZED_ELEMENTS
     matrices = {name: (shape[0] // 2, shape[1] // 2) for name, shape in WIDE_MATRICES.items()}
-    path = _write(tmp_path, Q.Q8_0, narrow, matrices, {n: (256,) for n in WIDE_NORMS})
+    path = write_wide_gguf(tmp_path, Q.Q8_0, narrow, matrices, {n: (256,) for n in WIDE_NORMS})
     model = _model(path, _keep(path, int4_kernel=False))
     assert linear_formats(model) == {"float32": 5}
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
@@ -149,7 +150,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0], ids=lambda t: t.name)
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
-    path = _write(tmp_path, qtype, tokenizer=stories_gguf_path)
+    path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)
     expected = "int4" if int4_kernel_is_fast() and qtype == Q.Q4_0 else "int8"
     assert linear_formats(automatic.runner.model) == {expected: 5}

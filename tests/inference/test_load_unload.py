@@ -10,9 +10,11 @@ import threading
 import httpx
 import psutil
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
 from pantheon_site.models import AuditEvent
+from tests.engine.test_quantized_weights import write_wide_gguf
 from tests.inference.serving import bearer, free_port, run_manage, serving_env, sse_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -211,3 +213,15 @@ def test_serve_stops_cleanly_with_its_workers(start_server, stories_hf_dir, oper
     # Other servers of this module share the "cpu" row and keep writing it: judge only this server's workers.
     mine = Worker.objects.filter(pid__in=[w.pid for w in workers])
     assert set(mine.values_list("state", flat=True)) <= {WorkerState.STOPPED}
+
+
+def test_admin_models_shows_each_loads_in_memory_weights(api, tmp_path, stories_gguf_path):
+    """A GGUF file's quantized layers stay quantized with dtype automatic, and expand with dtype float32."""
+    path = write_wide_gguf(tmp_path, Q.Q8_0, tokenizer=stories_gguf_path)
+    for name, dtype in (("kept", ""), ("expanded", "float32")):
+        response = api.post("/admin/models/load", json={"path": str(path), "name": name, "dtype": dtype})
+        assert response.status_code == 200, response.text
+    rows = {row["id"]: row["weights_in_memory"] for row in api.get("/admin/models").json()["data"]}
+    assert rows["kept"]["linear_formats"] == {"int8": 5}
+    assert rows["expanded"]["linear_formats"] == {"float32": 5}
+    assert rows["kept"]["bytes"] < 0.6 * rows["expanded"]["bytes"]

@@ -72,7 +72,10 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     quantize: Annotated[bool, Meta(description="int8-quantize the linear layers at load")] = False
     dtype: Annotated[
         Literal["", "float32", "bfloat16", "float16"],
-        Meta(description="the weights' dtype (empty: float32 on CPU, bfloat16 on CUDA)"),
+        Meta(
+            description="the weights' dtype (empty: float32 on CPU, where a GGUF file's quantized layers stay "
+            "quantized, and bfloat16 on CUDA; float32 expands them exactly)"
+        ),
     ] = ""
     pooling: Annotated[
         Literal["mean", "last"],
