@@ -3,8 +3,10 @@ operator's view), each built from one placement (the engine client's record of a
 
 Served numbers come from the worker (what the scheduler really runs: `max_concurrent`, `context_window`, which is
 also every completion's `usage.kv_cap`); the `*_configured` ones from the load options. A number that is not known
-yet (a model still loading) is left out rather than reported as 0. `graphs` and `attention` are omitted: the engine
-has no CUDA-graph capture and a single attention path.
+yet (a model still loading) is left out rather than reported as 0. The operator rows carry `graphs`, how the decode
+step runs (compiled or CUDA graphs per batch-size bucket, or eager, and why when a compile fell back: the worker's
+live answer, else the load's); its fields are Pantheon's own, not the spec's graph-slot counts (docs/api/).
+`attention` is omitted: the engine has a single attention path.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
+def graphs_fields(graphs: p.DecodeGraphs | None) -> dict[str, Any] | None:
+    """The `graphs` object: mode, buckets, warmup_ms, fallback_reason (null unless a compile fell back)."""
+    if graphs is None:
+        return None
+    return {"mode": graphs.mode, "buckets": graphs.buckets, "warmup_ms": graphs.warmup_ms,
+            "fallback_reason": graphs.fallback_reason}  # fmt: skip
+
+
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
     current occupancy (running, waiting, slots) and the KV pool's (blocks total, free, cached, pinned by sessions,
@@ -96,6 +106,8 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         or context_window,
         "reasoning_budget": options.reasoning_budget,
         "quantize": options.quantize,
+        "compile": options.compile,
+        "graphs": graphs_fields(live.graphs if live else info.graphs if info else None),
         "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
         "load_progress": load_progress_fields(placement.load_progress),
     }

@@ -10,6 +10,7 @@ runs long ones on its preparation thread) and `admit` (memory and queue, on the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,9 +149,17 @@ class HostedModel:
         self.barrier: WeightsBarrier | None = None  # the worker sets it once the model is loaded
 
     @classmethod
-    def load(cls, req: p.Load, device: str, progress: ReadProgress | None = None) -> HostedModel:
+    def load(
+        cls,
+        req: p.Load,
+        device: str,
+        progress: ReadProgress | None = None,
+        step_threads: Callable[[int], int | None] | None = None,
+    ) -> HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
-        reports `progress`, which the read counts, while it runs).
+        reports `progress`, which the read counts, while it runs). With the `compile` option the decode step is
+        compiled for every batch-size bucket before the load answers, for the intra-op threads `step_threads`
+        gives a model of that many weight bytes (the worker's choice when it steps it).
         The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
         a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
         options, limits = req.options, req.limits
@@ -183,6 +192,8 @@ class HostedModel:
             pool_tokens=min(limits.kv_pool_tokens, max(0, budget) // per_token),
             progress=progress,
         )
+        if options.compile:
+            model.runner.compile_decode(threads=step_threads(model.weight_bytes) if step_threads else None)
         sessions = None
         if limits.max_sessions:
             sessions = SessionTable(
@@ -389,6 +400,7 @@ class HostedModel:
             thinks_before_grammar=self.think_in_prompt or self.think_open_id is not None,
             weights=self.barrier.snapshot(),
             linear_formats=linear_formats(model.runner.model),
+            graphs=self.decode_graphs(),
         )
 
     def status(self) -> p.ModelStatus:
@@ -413,6 +425,19 @@ class HostedModel:
             block_size=pool.block_size,
             sessions=len(s.sessions.sessions) if s.sessions else 0,
             prefill_tok_per_s=s.prefill_tok_per_s,
+            graphs=self.decode_graphs(),
+        )
+
+    def decode_graphs(self) -> p.DecodeGraphs:
+        """How the decode step runs now: compiled or captured per bucket, or eager (and why, if it fell back)."""
+        graphs = self.model.runner.graphs
+        if graphs is None:
+            return p.DecodeGraphs()
+        return p.DecodeGraphs(
+            mode=graphs.mode,
+            buckets=list(graphs.buckets),
+            warmup_ms=round(graphs.warmup_ms, 1),
+            fallback_reason=graphs.fallback_reason,
         )
 
     def answer_session_call(self, call: SessionCall) -> p.Message:

@@ -258,12 +258,18 @@ class Worker:
                 message = f"preparing the prompt failed: {type(exc).__name__}: {exc}"
                 self.send(p.Error(request_id=request_id, reason=Reason.INTERNAL, message=message))
 
+    def step_threads(self, weight_bytes: int) -> int | None:
+        """The intra-op threads a model of `weight_bytes` steps with (None: torch's setting, left alone): one for a
+        small CPU model, whose ops are too short to share, else the worker's."""
+        if self.threads is None or self.device != "cpu":
+            return None
+        return 1 if weight_bytes < SMALL_MODEL_BYTES else self.threads
+
     def step(self, hosted: HostedModel) -> list[p.Message]:
         """One scheduler step; a failure in it ends that model's generations (generation_failed), not the worker."""
-        if self.threads is not None and self.device == "cpu":
-            wanted = 1 if hosted.model.weight_bytes < SMALL_MODEL_BYTES else self.threads
-            if torch.get_num_threads() != wanted:
-                torch.set_num_threads(wanted)
+        wanted = self.step_threads(hosted.model.weight_bytes)
+        if wanted is not None and torch.get_num_threads() != wanted:
+            torch.set_num_threads(wanted)
         try:
             return hosted.scheduler.step()
         except Exception as exc:  # a CUDA OOM or a bug must not take every other model down with it
@@ -283,7 +289,8 @@ class Worker:
             self.send(p.Error(request_id=req.request_id, reason=Reason.ALREADY_LOADED, message=message))
             return
         progress = ReadProgress()
-        self.loads.append(PendingLoad(req, self.loader.submit(HostedModel.load, req, self.device, progress), progress))
+        future = self.loader.submit(HostedModel.load, req, self.device, progress, self.step_threads)
+        self.loads.append(PendingLoad(req, future, progress))
 
     def report_load_progress(self) -> None:
         """LOAD_PROGRESS for each running load whose counts moved since the last one it sent."""

@@ -37,6 +37,7 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
         "quantize": False,
         "dtype": "",
         "pooling": "mean",
+        "compile": False,
     }
     assert row.created_at is not None and row.updated_at is not None
 

@@ -35,6 +35,8 @@ def test_load_and_unload_through_the_api(api, stories_hf_dir):
     assert response.status_code == 200, response.text
     row = response.json()
     assert (row["id"], row["device"], row["context_window"]) == ("s", "cpu", 128)
+    assert row["compile"] is False  # the decode step runs eagerly, as asked, and says so
+    assert row["graphs"] == {"mode": "eager", "buckets": [], "warmup_ms": 0.0, "fallback_reason": None}
     assert served(api) == ["s"]
     catalogue = CatalogModel.objects.get(name="s")
     assert (catalogue.path, catalogue.format, catalogue.architecture) == (str(stories_hf_dir), "hf", "llama")

@@ -298,6 +298,18 @@ class Error(Message, tag="e"):
     kv_cap: int | None = None
 
 
+class DecodeGraphs(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
+    """How a model's decode step runs (model/compiled_step.py): `mode` "compiled" (torch.compile, CPU),
+    "cuda_graphs" (a captured CUDA graph per bucket) or "eager"; the batch-size `buckets` holding a graph; the
+    warm-up's milliseconds at load; and why it runs eagerly when it was asked to compile (`fallback_reason`: the
+    warm-up failed, or a step did and every later one runs eagerly). Mode "eager" with no reason: not asked for."""
+
+    mode: str = "eager"
+    buckets: list[int] = msgspec.field(default_factory=list)
+    warmup_ms: float = 0.0
+    fallback_reason: str | None = None
+
+
 class Loaded(Message, tag="l"):
     """A LOAD succeeded. `context_window` is the window that fit in memory (every completion's kv_cap);
     `context_window_configured` the one asked for (or the model's default)."""
@@ -323,6 +335,7 @@ class Loaded(Message, tag="l"):
     weights: WeightsSnapshot | None = None  # the model's weights barrier as loaded
     # How many linear layers hold their weights in each in-memory format ("int4", "int8", "float32", ...).
     linear_formats: dict[str, int] = msgspec.field(default_factory=dict)
+    graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step as loaded
 
 
 class Unloaded(Message, tag="u"):
@@ -350,6 +363,7 @@ class ModelStatus(msgspec.Struct, array_like=True, kw_only=True):
     block_size: int
     sessions: int  # session ids holding KV
     prefill_tok_per_s: float  # measured prefill rate (0 before the first prefill)
+    graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step now (it may fall back)
 
 
 class Status(Message, tag="i"):

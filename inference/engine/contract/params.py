@@ -81,6 +81,13 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
         Literal["mean", "last"],
         Meta(description="how /v1/embeddings pools the final hidden states: their mean, or the last token's"),
     ] = "mean"
+    compile: Annotated[
+        bool,
+        Meta(
+            description="compile the decode step at load, a graph per batch-size bucket (CUDA: CUDA graphs); "
+            "faster steps for small models, tens of seconds more load on a CPU (docs/performance.md)"
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"):

@@ -4,13 +4,15 @@ A slot is a handle to one sequence's KV, a table of blocks in a shared pool (see
 tokens after what a slot already holds, so chunked prefill, a prompt that starts from a cached prefix and
 continuing a kept session are the same call. Decode runs one token for every slot in the
 batch, each at its own position, as one forward pass: rows of different lengths are handled by masks and indexed
-writes, never by a Python loop over rows.
+writes, never by a Python loop over rows. With `compile_decode` the decode step runs as a compiled graph per
+batch-size bucket (or a CUDA graph on CUDA; compiled_step.py), falling back to the eager forward with a reason.
 """
 
 from __future__ import annotations
 
 import torch
 
+from inference.engine.model.compiled_step import DecodeGraphs
 from inference.engine.model.kv_cache import KVCache
 from inference.engine.model.transformer import Transformer
 
@@ -54,6 +56,19 @@ class ModelRunner:
                 dtype=model.embed.weight.dtype,
                 device=self.device,
             )
+        self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
+
+    def compile_decode(self, *, threads: int | None = None, buckets: list[int] | None = None) -> DecodeGraphs:
+        """Compiles (CPU) or captures (CUDA) the decode step for each batch-size bucket (default: powers of two up
+        to `max_concurrent`, and it), now: slow, seconds per bucket on a CPU. `threads` is the number of intra-op
+        threads the steps will run with (the C++ kernels are generated for it). Never raises: a failure leaves
+        decode eager, with the reason in the returned report. A batch larger than every bucket decodes eagerly."""
+        if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
+            raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
+        graphs = DecodeGraphs(self, buckets)
+        graphs.warm_up(threads=threads)
+        self.graphs = graphs
+        return graphs
 
     def allocate_slot(self) -> int:
         """A new, empty slot (blocks are taken as tokens are written; KVCacheFull when the pool has none left)."""
@@ -136,8 +151,10 @@ class ModelRunner:
         if len(slots) != len(token_ids) or not slots:
             raise ValueError(f"decode needs one token per slot, got {len(slots)} slots and {len(token_ids)} tokens")
         view = self.cache.view(slots, [1] * len(slots), 1)
-        tokens = torch.tensor(token_ids, device=self.device)[:, None]
-        logits = self.model(tokens, self.cache, view)  # [B, 1, V]
+        logits = self.graphs.forward(token_ids, view) if self.graphs is not None else None  # [B, 1, V]
+        if logits is None:
+            tokens = torch.tensor(token_ids, device=self.device)[:, None]
+            logits = self.model(tokens, self.cache, view)  # [B, 1, V]
         for slot, token_id in zip(slots, token_ids, strict=True):
             self.cache.advance(slot, [token_id])
         return logits[:, 0].float()

@@ -1,0 +1,378 @@
+"""The decode step as one compiled graph per batch-size bucket (CPU: torch.compile) or one captured CUDA graph per
+bucket (CUDA), with a reported fallback to the eager forward.
+
+An eager decode step of a small model is mostly dispatch: ~25 ATen calls per layer, each with a fixed cost that
+dwarfs its arithmetic (docs/performance.md). Compiled, the norms, RoPE, the cache write, the gather of each row's
+blocks and the SwiGLU glue become a few fused C++ kernels per layer and one Python call per step.
+
+What keeps it from recompiling every step: the batch is padded up to a bucket (1, 2, 4, ... up to the slot count),
+so each bucket has one static-shaped graph, and the only sizes that change from step to step, the KV length and the
+number of blocks a row reads, are marked dynamic (CPU) or padded to the whole context window (CUDA, where a graph
+replay cannot change shape). The padding rows write their keys and values to the pool's scratch block and read only
+scratch, so they never touch a sequence's KV. After the warm-up a bucket's graph is final: a step that would need a
+new compilation raises instead (`SealableBackend`) and the model goes back to the eager forward for good, with
+the reason in its `graphs` report (hosted_model.py), never silently and never with a compile stall mid-serving.
+
+Linear layers the compiler knows to be plain matmuls (nn.Linear, TransposedLinear) are traced; every other kind
+(oneDNN-packed, int8, 4-bit: opaque packed weights the compiler cannot lower) is called through the opaque custom op
+`pantheon::linear_layer`, so each keeps its own kernel. The graph shares the model's parameters and the KV pool: no
+weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
+
+`decode_forward` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
+bias lives in the linear layers, qwen3's q/k norm is applied here); test_compiled_step.py holds it to the eager
+forward's greedy tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.engine.model.kv_cache import CacheView, KVCache
+from inference.engine.model.transformer import Transformer, TransposedLinear, rotate_half
+
+if TYPE_CHECKING:
+    from inference.engine.model.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+# Linear layers whose forward is a plain matmul (+ bias) the compiler traces; any other kind is called opaquely.
+TRACEABLE_LINEARS = (nn.Linear, TransposedLinear)
+
+_linear_layers: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
+_handles = itertools.count()
+
+
+@torch.library.custom_op("pantheon::linear_layer", mutates_args=())
+def linear_layer(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    """Calls the linear layer registered as `handle` (see OpaqueLinear) on x."""
+    # x: [..., in] -> [..., out_features]
+    return _linear_layers[handle](x)
+
+
+@linear_layer.register_fake
+def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+class OpaqueLinear(nn.Module):
+    """A linear layer as the compiled graph calls it: traced when it is a plain matmul, else through
+    `pantheon::linear_layer` (outside a compilation, and in a CUDA-graph capture, it is called directly)."""
+
+    def __init__(self, layer: nn.Module, out_features: int):
+        super().__init__()
+        self.layer = layer
+        self.traced = type(layer) in TRACEABLE_LINEARS
+        self.out_features = out_features
+        self.handle = next(_handles)
+        _linear_layers[self.handle] = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out_features]
+        if self.traced or not torch.compiler.is_compiling():
+            return self.layer(x)
+        return linear_layer(x, self.handle, self.out_features)
+
+
+class DecodeGraph(nn.Module):
+    """A Transformer's decode forward, one token per row, over the paged KV pool given as tensors: what is compiled
+    (or captured). It holds the model's own modules, so it costs no memory."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        config = model.config
+        self.model = model
+        d, qkv = config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.linears = nn.ModuleList(
+            nn.ModuleList(
+                [
+                    OpaqueLinear(block.attention.wqkv, qkv),
+                    OpaqueLinear(block.attention.wo, d),
+                    OpaqueLinear(block.feed_forward.w13, 2 * config.intermediate_size),
+                    OpaqueLinear(block.feed_forward.w2, d),
+                ]
+            )
+            for block in model.layers
+        )
+        self.lm_head = OpaqueLinear(model.lm_head, config.vocab_size)
+
+    def forward(
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_rows: torch.Tensor,
+        blocks: torch.Tensor,
+    ) -> torch.Tensor:
+        # keys, values: per layer [Hkv, num_blocks + 1, bs, hd]; tokens, positions: [B, 1] long;
+        # write_rows: [B * Hkv] long; blocks: [Hkv, B, nb] long -> logits [B, 1, V]
+        model = self.model
+        x = model.embed(tokens)  # [B, 1, D]
+        cos = model.rope_cos[positions].to(x.dtype).unsqueeze(2)  # [B, 1, 1, hd]
+        sin_signed = model.rope_sin_signed[positions].to(x.dtype).unsqueeze(2)
+        # every position of the blocks read is attended over, those past a row's own masked: no slicing to a length
+        key_positions = torch.arange(blocks.shape[2] * keys[0].shape[2], device=positions.device)  # [nb * bs]
+        mask = (key_positions[None, :] <= positions)[:, None, None, :]  # [B, 1, 1, nb * bs]
+        for block, (wqkv, wo, w13, w2), key_pool, value_pool in zip(
+            model.layers, self.linears, keys, values, strict=True
+        ):
+            attention = block.attention
+            heads, kv_heads, head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
+            qkv = wqkv(block.attention_norm(x)).view(x.shape[0], 1, -1, head_dim)  # [B, 1, H + 2 Hkv, hd]
+            qk, v = qkv.split_with_sizes((heads + kv_heads, kv_heads), dim=2)
+            if attention.qk_norm is not None:
+                qk = attention.qk_norm(qk)
+            q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((heads, kv_heads), dim=2)
+            out = paged_attention(q, k, v, key_pool, value_pool, write_rows, blocks, mask)
+            x = x + wo(out)
+            gate, up = w13(block.ffn_norm(x)).chunk(2, dim=-1)
+            x = x + w2(F.silu(gate) * up)
+        return self.lm_head(model.norm(x))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_pool: torch.Tensor,
+    value_pool: torch.Tensor,
+    write_rows: torch.Tensor,
+    blocks: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Writes one token's keys and values per row into the pool and attends over each row's blocks, as
+    KVCache.update and Attention.forward do for a decode step."""
+    # q: [B, 1, H, hd]; k, v: [B, 1, Hkv, hd]; blocks: [Hkv, B, nb]; mask: [B, 1, 1, nb * bs] -> [B, 1, H * hd]
+    batch, _, heads, head_dim = q.shape
+    kv_heads, _, block_size, _ = key_pool.shape
+    key_pool.view(-1, head_dim).index_copy_(0, write_rows, k.reshape(-1, head_dim))
+    value_pool.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim))
+    rows = blocks.reshape(-1)
+
+    def gather(pool: torch.Tensor) -> torch.Tensor:
+        gathered = pool.view(-1, block_size * head_dim).index_select(0, rows)  # [Hkv * B * nb, bs * hd]
+        return gathered.view(kv_heads, batch, -1, head_dim).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
+
+    # each kv head's group of query heads attends as that many query positions (as the eager decode does)
+    grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(grouped, gather(key_pool), gather(value_pool), attn_mask=mask)
+    return out.reshape(batch, 1, heads * head_dim)
+
+
+def decode_buckets(max_concurrent: int) -> list[int]:
+    """Batch sizes with a graph of their own: powers of two below the slot count, and the slot count."""
+    return [b for b in (1 << i for i in range(max_concurrent.bit_length())) if b < max_concurrent] + [max_concurrent]
+
+
+class StepInputs:
+    """Turns a CacheView of `b` rows into the graph's inputs for a bucket of `bucket >= b` rows, padding rows that
+    write to and read from the scratch block only, and the block table to at least `min_blocks` blocks per row."""
+
+    def __init__(self, cache: KVCache, max_bucket: int):
+        kv_heads = cache.keys[0].shape[0]
+        per_head_blocks = cache.scratch + 1
+        self.cache = cache
+        self.device = cache.device
+        self.head_blocks = (torch.arange(kv_heads, device=self.device) * per_head_blocks)[:, None, None]
+        self.scratch_rows = (self.head_blocks.view(-1) * cache.block_size + cache.scratch * cache.block_size).repeat(
+            max_bucket
+        )  # [max_bucket * Hkv]: position 0 of the scratch block, in every kv head
+        self.max_blocks = -(-cache.context_window // cache.block_size)
+        self.scratch_blocks = (self.head_blocks + cache.scratch).expand(-1, max_bucket, max(2, self.max_blocks))
+        self.block_index = torch.arange(cache.scratch + 1, device=self.device)
+        self.kv_heads = kv_heads
+
+    def build(
+        self, token_ids: list[int], view: CacheView, bucket: int, *, min_blocks: int = 2
+    ) -> dict[str, torch.Tensor]:
+        """The graph's inputs but the pools (at least two blocks per row: one would be specialised on)."""
+        rows, pad = len(token_ids), bucket - len(token_ids)
+        blocks_needed = -(-view.length // self.cache.block_size)
+        if isinstance(view.blocks, slice):
+            table = self.head_blocks + self.block_index[view.blocks][None, None, :]  # [Hkv, 1, nb]
+        else:
+            table = view.blocks.view(self.kv_heads, rows, blocks_needed)
+        if blocks_needed < min_blocks:
+            table = torch.cat([table, self.scratch_blocks[:, :rows, : min_blocks - blocks_needed]], dim=2)
+        positions, write_rows = view.positions, view.write_rows
+        if pad:
+            table = torch.cat([table, self.scratch_blocks[:, :pad, : table.shape[2]]], dim=1)
+            positions = torch.cat([positions, positions.new_zeros(pad, 1)])
+            write_rows = torch.cat([write_rows, self.scratch_rows[: pad * self.kv_heads]])
+        tokens = torch.tensor(token_ids + token_ids[-1:] * pad, device=self.device)[:, None]
+        return {
+            "tokens": tokens,
+            "positions": positions,
+            "write_rows": write_rows,
+            "blocks": table,
+        }
+
+
+class RecompileRefused(RuntimeError):
+    """A step needed a new compilation after the warm-up (raised by the backend, so no time is spent on it)."""
+
+
+class SealableBackend:
+    """Inductor while a runner warms up; once `sealed`, a refusal: a new graph would stall serving for seconds.
+    Holds nothing of the runner: dynamo keeps its backend for as long as the compiled code lives."""
+
+    def __init__(self):
+        self.sealed = False
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        if self.sealed:
+            raise RecompileRefused("a step needed a new compilation after the warm-up")
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(graph, example_inputs)
+
+
+class DecodeGraphs:
+    """A runner's decode graphs: `mode` "compiled" (CPU), "cuda_graphs" (CUDA) or "eager" (off, or fallen back:
+    `fallback_reason` says why), the `buckets` that hold a graph, and the warm-up's milliseconds."""
+
+    def __init__(self, runner: ModelRunner, buckets: list[int] | None = None):
+        self.runner = runner
+        self.cuda = runner.device.type == "cuda"
+        self.mode = "cuda_graphs" if self.cuda else "compiled"
+        self.buckets = sorted(buckets or decode_buckets(runner.max_concurrent))
+        self.threads = torch.get_num_threads()  # the intra-op threads the graphs were made for
+        self.warmup_ms = 0.0
+        self.bucket_ms: dict[int, float] = {}  # each bucket's share of the warm-up
+        self.fallback_reason: str | None = None
+        self.graph = DecodeGraph(runner.model)
+        self.inputs = StepInputs(runner.cache, self.buckets[-1])
+        self.backend = SealableBackend()
+        self._compiled: torch.nn.Module | None = None
+        self._captured: dict[int, CapturedStep] = {}
+        self.cuda_pool: tuple[int, int] | None = None  # the memory pool the CUDA graphs share
+
+    # -- the warm-up ----------------------------------------------------------------------------------------------
+
+    def warm_up(self, *, threads: int | None = None) -> None:
+        """Compiles (or captures) every bucket now, with `threads` intra-op threads (the number the steps will run
+        with: the C++ kernels are generated for it); on any failure the runner stays eager, with the reason."""
+        started = time.perf_counter()
+        previous = torch.get_num_threads()
+        try:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            self.threads = torch.get_num_threads()
+            if not self.cuda:
+                self._compiled = torch.compile(
+                    self.graph,
+                    backend=self.backend,
+                    fullgraph=True,
+                    dynamic=False,
+                    isolate_recompiles=True,
+                    options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+                )
+            for bucket in reversed(self.buckets):  # CUDA graphs share one memory pool, the largest captured first
+                bucket_started = time.perf_counter()
+                self._warm_bucket(bucket)
+                self.bucket_ms[bucket] = 1000 * (time.perf_counter() - bucket_started)
+            self.backend.sealed = True
+        except Exception as exc:  # whatever went wrong, serving goes on eagerly and says why
+            log.warning("the decode graphs' warm-up failed; decoding eagerly", exc_info=True)
+            self.fall_back(f"warm-up failed: {type(exc).__name__}: {first_line(exc)}")
+        finally:
+            if threads is not None:
+                torch.set_num_threads(previous)
+            self.warmup_ms = 1000 * (time.perf_counter() - started)
+
+    def _warm_bucket(self, bucket: int) -> None:
+        """Runs one decode step of `bucket` fresh one-token rows through the graph (its first run compiles it)."""
+        runner = self.runner
+        slots = [runner.allocate_slot() for _ in range(bucket)]
+        try:
+            with torch.inference_mode():
+                for slot in slots:
+                    runner.prefill(slot, [0])
+                token_ids = [0] * bucket
+                view = runner.cache.view(slots, [1] * bucket, 1)
+                if self.cuda:
+                    self._captured[bucket] = CapturedStep(self, bucket, view, token_ids)
+                else:
+                    self._run_compiled(bucket, token_ids, view)
+        finally:
+            for slot in slots:
+                runner.free_slot(slot)
+
+    # -- a step ---------------------------------------------------------------------------------------------------
+
+    def forward(self, token_ids: list[int], view: CacheView) -> torch.Tensor | None:
+        """Logits [B, 1, V] of a decode step whose view the caller made, or None: run it eagerly (mode eager, or a
+        batch larger than every bucket). A failing step sends the runner back to eager for good (the caller then
+        runs the step eagerly: it rewrites the same KV rows)."""
+        if self.mode == "eager":
+            return None
+        bucket = next((b for b in self.buckets if b >= len(token_ids)), None)
+        if bucket is None:
+            return None
+        if not self.cuda and torch.get_num_threads() != self.threads:  # dynamo would recompile (its guard)
+            self.fall_back(f"a step ran with {torch.get_num_threads()} threads; the graphs are for {self.threads}")
+            return None
+        try:
+            if self.cuda:
+                return self._captured[bucket].replay(token_ids, view)
+            return self._run_compiled(bucket, token_ids, view)
+        except Exception as exc:
+            log.warning("a compiled decode step failed; decoding eagerly from now on", exc_info=True)
+            self.fall_back(f"a step of {len(token_ids)} rows failed: {type(exc).__name__}: {first_line(exc)}")
+            return None
+
+    def _run_compiled(self, bucket: int, token_ids: list[int], view: CacheView) -> torch.Tensor:
+        inputs = self.inputs.build(token_ids, view, bucket)
+        if not self.backend.sealed:  # the graph's first run: the blocks each row reads grow as it does
+            torch._dynamo.mark_dynamic(inputs["blocks"], 2)
+        cache = self.runner.cache
+        return self._compiled(cache.keys, cache.values, **inputs)[: len(token_ids)]
+
+    def fall_back(self, reason: str) -> None:
+        """Serves eagerly from now on, and says why in the model's `graphs` report."""
+        self.mode, self.fallback_reason, self.buckets = "eager", reason, []
+        self._compiled = None
+        self._captured.clear()
+
+
+class CapturedStep:
+    """One bucket's decode step captured as a CUDA graph: static input buffers the step copies into, one replay.
+    Every row reads the whole context window's blocks (scratch past its own, masked), so no shape ever changes."""
+
+    def __init__(self, graphs: DecodeGraphs, bucket: int, view: CacheView, token_ids: list[int]):
+        cache = graphs.runner.cache
+        self.graphs, self.bucket = graphs, bucket
+        inputs = graphs.inputs.build(token_ids, view, bucket, min_blocks=graphs.inputs.max_blocks)
+        self.static = {name: tensor.clone() for name, tensor in inputs.items()}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # lazy initialisations (cuBLAS handles, workspaces) happen outside the capture
+                graphs.graph(cache.keys, cache.values, **self.static)
+        torch.cuda.current_stream().wait_stream(stream)
+        if graphs.cuda_pool is None:
+            graphs.cuda_pool = torch.cuda.graph_pool_handle()
+        self.cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.cuda_graph, pool=graphs.cuda_pool):
+            self.logits = graphs.graph(cache.keys, cache.values, **self.static)  # [bucket, 1, V]
+
+    def replay(self, token_ids: list[int], view: CacheView) -> torch.Tensor:
+        inputs = self.graphs.inputs.build(token_ids, view, self.bucket, min_blocks=self.graphs.inputs.max_blocks)
+        for name, tensor in inputs.items():
+            self.static[name].copy_(tensor)
+        self.cuda_graph.replay()
+        return self.logits[: len(token_ids)].clone()  # the next replay overwrites the graph's output
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (compiler errors run to pages)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""

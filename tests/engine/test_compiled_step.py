@@ -1,0 +1,160 @@
+"""The compiled decode step (model/compiled_step.py) on the real stories260K GGUF: greedy tokens identical to the
+eager forward's, alone and in a padded batch of different prompts, and every failure reported as a fallback to eager.
+
+Compiling costs seconds per bucket, so the compiled runner is built once, with the two buckets the tests use."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from inference.engine.contract import messages as p
+from inference.engine.contract.params import LoadOptions, ServingLimits
+from inference.engine.hosted_model import HostedModel
+from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.model.compiled_step import DecodeGraphs, decode_buckets
+
+PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
+STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)
+
+
+def greedy(model: LoadedModel, prompts: list[str], steps: int = STEPS) -> list[list[int]]:
+    """Each prompt's greedy continuation, decoded together in one batch."""
+    runner = model.runner
+    slots = [runner.allocate_slot() for _ in prompts]
+    tokens = runner.prefill_batch(slots, [model.tokenizer.encode(text) for text in prompts]).argmax(-1).tolist()
+    out = [[token] for token in tokens]
+    for _ in range(steps):
+        tokens = runner.decode(slots, tokens).argmax(-1).tolist()
+        for row, token in zip(out, tokens, strict=True):
+            row.append(token)
+    for slot in slots:
+        runner.free_slot(slot)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Steps run with the threads the graphs were compiled for (the worker steps a small model with one)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def eager(stories_gguf_path) -> LoadedModel:
+    return load_model(stories_gguf_path, max_concurrent=4, context_window=128)
+
+
+@pytest.fixture(scope="module")
+def compiled(stories_gguf_path) -> LoadedModel:
+    model = load_model(stories_gguf_path, max_concurrent=4, context_window=128)
+    graphs = model.runner.compile_decode(threads=1, buckets=[1, 4])  # a batch of 3 runs padded to 4
+    assert (graphs.mode, graphs.buckets, graphs.fallback_reason) == ("compiled", [1, 4], None), graphs.fallback_reason
+    assert graphs.warmup_ms > 0
+    return model
+
+
+def test_one_sequence_decodes_the_same_tokens_compiled(eager, compiled):
+    assert greedy(compiled, PROMPTS[:1]) == greedy(eager, PROMPTS[:1])
+    assert compiled.runner.graphs.mode == "compiled"  # no step fell back
+
+
+def test_a_padded_batch_of_different_prompts_decodes_the_same_tokens_compiled(eager, compiled):
+    expected = greedy(eager, PROMPTS)
+    assert greedy(compiled, PROMPTS) == expected
+    assert [greedy(compiled, [text])[0] for text in PROMPTS] == expected  # a row's tokens do not depend on the others
+    assert compiled.runner.graphs.mode == "compiled"
+
+
+def test_a_batch_without_a_bucket_of_its_own_runs_padded_in_the_next_one(eager, compiled):
+    assert greedy(compiled, PROMPTS[:2], steps=4) == greedy(eager, PROMPTS[:2], steps=4)  # bucket 4
+    assert compiled.runner.graphs.mode == "compiled"
+
+
+def test_steps_with_other_threads_than_compiled_for_fall_back(stories_gguf_path):
+    model = load_model(stories_gguf_path, max_concurrent=1, context_window=128)
+    graphs = DecodeGraphs(model.runner, [1])  # made for this test's one thread, as if warmed up
+    model.runner.graphs = graphs
+    torch.set_num_threads(2)
+    slot = model.runner.allocate_slot()
+    model.runner.prefill(slot, [1, 2])
+    assert model.runner.decode([slot], [3]).shape == (1, model.config.vocab_size)
+    assert graphs.fallback_reason == "a step ran with 2 threads; the graphs are for 1"
+
+
+def test_a_failing_compiler_leaves_decode_eager_and_says_why(eager, stories_gguf_path, monkeypatch):
+    def broken_compile(*args, **kwargs):
+        raise RuntimeError("no C++ compiler here\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    model = load_model(stories_gguf_path, max_concurrent=2, context_window=128)
+    graphs = model.runner.compile_decode(threads=1)
+    assert (graphs.mode, graphs.buckets) == ("eager", [])
+    assert graphs.fallback_reason == "warm-up failed: RuntimeError: no C++ compiler here"
+    assert greedy(model, PROMPTS[:2], steps=8) == greedy(eager, PROMPTS[:2], steps=8)
+
+
+def test_a_step_that_fails_is_redone_eagerly_and_decoding_stays_eager(eager, stories_gguf_path):
+    model = load_model(stories_gguf_path, max_concurrent=2, context_window=128)
+    graphs = DecodeGraphs(model.runner, [1, 2])  # as if warmed up, with a graph that breaks at its first step
+
+    def broken_graph(*args, **kwargs):
+        raise RuntimeError("index out of bounds")
+
+    graphs._compiled, graphs.backend.sealed = broken_graph, True
+    model.runner.graphs = graphs
+    assert greedy(model, PROMPTS[:2], steps=8) == greedy(eager, PROMPTS[:2], steps=8)
+    assert (graphs.mode, graphs.buckets) == ("eager", [])
+    assert graphs.fallback_reason == "a step of 2 rows failed: RuntimeError: index out of bounds"
+
+
+def test_a_load_reports_its_decode_graphs_and_their_fallback(stories_gguf_path, monkeypatch):
+    def load(name: str, compile: bool) -> tuple[p.Loaded, p.ModelStatus]:
+        req = p.Load(
+            request_id=name,
+            name=name,
+            path=str(stories_gguf_path),
+            options=LoadOptions(compile=compile, ctx_cap=64),
+            limits=ServingLimits(max_concurrent=2),
+        )
+        hosted = HostedModel.load(req, "cpu", step_threads=lambda weight_bytes: 1)
+        hosted.barrier = SimpleNamespace(snapshot=lambda: None)  # the worker's, which this test has none of
+        return hosted.loaded(req, 0.0), hosted.status()
+
+    loaded, status = load("plain", compile=False)
+    assert loaded.graphs == status.graphs == p.DecodeGraphs(mode="eager", buckets=[], warmup_ms=0.0)
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: 1 / 0)
+    loaded, status = load("broken", compile=True)
+    assert loaded.graphs == status.graphs
+    assert (loaded.graphs.mode, loaded.graphs.buckets) == ("eager", [])
+    assert loaded.graphs.fallback_reason == "warm-up failed: ZeroDivisionError: division by zero"
+    assert p.decode_from_worker(p.encode(loaded)) == loaded
+    assert p.decode_from_worker(p.encode(p.Status(request_id="s", device="cpu", pid=1, memory_total=0,
+                                                  memory_used=0, models=[status]))).models == [status]  # fmt: skip
+
+
+def test_a_compiled_model_is_freed_once_dropped(stories_gguf_path):
+    """The compiled code outlives the model (dynamo keeps it on the forward's code object): it must not hold the
+    weights or the KV pool, or an unload would free nothing."""
+    model = load_model(stories_gguf_path, max_concurrent=1, context_window=64)
+    assert model.runner.compile_decode(threads=1).mode == "compiled"
+    slot = model.runner.allocate_slot()
+    model.runner.prefill(slot, [1, 2, 3])
+    model.runner.decode([slot], [4])
+    weights, pool = weakref.ref(model.runner.model), weakref.ref(model.runner.cache.keys[0])
+    del model
+    gc.collect()
+    assert weights() is None and pool() is None
+
+
+def test_buckets_are_powers_of_two_up_to_the_slot_count():
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(3) == [1, 2, 3]
+    assert decode_buckets(12) == [1, 2, 4, 8, 12]
+    assert decode_buckets(32) == [1, 2, 4, 8, 16, 32]
