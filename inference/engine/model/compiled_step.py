@@ -25,10 +25,9 @@ forward's greedy tokens.
 
 from __future__ import annotations
 
-import itertools
 import logging
+import threading
 import time
-import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,19 +45,21 @@ log = logging.getLogger(__name__)
 # Linear layers whose forward is a plain matmul (+ bias) the compiler traces; any other kind is called opaquely.
 TRACEABLE_LINEARS = (nn.Linear, TransposedLinear)
 
-_linear_layers: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
-_handles = itertools.count()
+# The opaque linear layers of the model whose compiled step this thread is running (DecodeGraphs sets it around the
+# call). The graph names a layer by its index in the model, not by the object, so two loads of the same architecture
+# compile to the same code and the second one is an inductor cache hit.
+_running = threading.local()
 
 
 @torch.library.custom_op("pantheon::linear_layer", mutates_args=())
-def linear_layer(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    """Calls the linear layer registered as `handle` (see OpaqueLinear) on x."""
+def linear_layer(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
+    """Calls opaque linear layer number `index` of the model whose step is running on x."""
     # x: [..., in] -> [..., out_features]
-    return _linear_layers[handle](x)
+    return _running.layers[index](x)
 
 
 @linear_layer.register_fake
-def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+def _(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
 
@@ -66,19 +67,18 @@ class OpaqueLinear(nn.Module):
     """A linear layer as the compiled graph calls it: traced when it is a plain matmul, else through
     `pantheon::linear_layer` (outside a compilation, and in a CUDA-graph capture, it is called directly)."""
 
-    def __init__(self, layer: nn.Module, out_features: int):
+    def __init__(self, layer: nn.Module, out_features: int, index: int):
         super().__init__()
         self.layer = layer
         self.traced = type(layer) in TRACEABLE_LINEARS
         self.out_features = out_features
-        self.handle = next(_handles)
-        _linear_layers[self.handle] = layer
+        self.index = index  # in DecodeGraph.linear_layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out_features]
         if self.traced or not torch.compiler.is_compiling():
             return self.layer(x)
-        return linear_layer(x, self.handle, self.out_features)
+        return linear_layer(x, self.index, self.out_features)
 
 
 class DecodeGraph(nn.Module):
@@ -90,18 +90,24 @@ class DecodeGraph(nn.Module):
         config = model.config
         self.model = model
         d, qkv = config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.linear_layers: list[nn.Module] = []  # every linear layer, in the order OpaqueLinear.index counts
+
+        def wrap(layer: nn.Module, out_features: int) -> OpaqueLinear:
+            self.linear_layers.append(layer)
+            return OpaqueLinear(layer, out_features, len(self.linear_layers) - 1)
+
         self.linears = nn.ModuleList(
             nn.ModuleList(
                 [
-                    OpaqueLinear(block.attention.wqkv, qkv),
-                    OpaqueLinear(block.attention.wo, d),
-                    OpaqueLinear(block.feed_forward.w13, 2 * config.intermediate_size),
-                    OpaqueLinear(block.feed_forward.w2, d),
+                    wrap(block.attention.wqkv, qkv),
+                    wrap(block.attention.wo, d),
+                    wrap(block.feed_forward.w13, 2 * config.intermediate_size),
+                    wrap(block.feed_forward.w2, d),
                 ]
             )
             for block in model.layers
         )
-        self.lm_head = OpaqueLinear(model.lm_head, config.vocab_size)
+        self.lm_head = wrap(model.lm_head, config.vocab_size)
 
     def forward(
         self,
@@ -334,7 +340,11 @@ class DecodeGraphs:
         if not self.backend.sealed:  # the graph's first run: the blocks each row reads grow as it does
             torch._dynamo.mark_dynamic(inputs["blocks"], 2)
         cache = self.runner.cache
-        return self._compiled(cache.keys, cache.values, **inputs)[: len(token_ids)]
+        _running.layers = self.graph.linear_layers
+        try:
+            return self._compiled(cache.keys, cache.values, **inputs)[: len(token_ids)]
+        finally:
+            _running.layers = None
 
     def fall_back(self, reason: str) -> None:
         """Serves eagerly from now on, and says why in the model's `graphs` report."""
