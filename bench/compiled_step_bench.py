@@ -5,6 +5,10 @@ machine slows both alike; the medians are reported.
 Models: stories260K (GGUF) and the random ~85M Llama (bench/random_model.py, GGUF F32), float32.
 Run: .venv/bin/python bench/compiled_step_bench.py [--models DIR] [--only stories260K,85M-F32] [--threads 1]
 [--cold] (--cold: a fresh inductor cache, so the warm-up includes generating and building every kernel).
+
+--serve: the same through the whole server instead (serve_bench.py's server and streaming clients), each model
+loaded with compile off and then on (max_concurrent 32, ctx_cap 256): tok/s, TTFT and ITL at N = 1, 8, 32, with
+the load's time and its `graphs` report.
 """
 
 from __future__ import annotations
@@ -68,6 +72,38 @@ def bench_model(path: Path, label: str, threads: int) -> None:
     runner.graphs = graphs
 
 
+def bench_serving(models: list[tuple[Path, str]], streams: list[int], rounds: int) -> None:
+    import asyncio
+
+    import httpx
+    from serve_bench import Server, run_streams, unload
+
+    server = Server({})
+    headers = {"Authorization": f"Bearer {server.admin_secret}", "X-Pantheon-Actor": "compiled_step_bench"}
+    try:
+        header = f"{'model':<12} {'compile':>7} {'N':>3} {'tok/s':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}"
+        print(f"{header} {'ITL p50 ms':>11}")
+        for path, label in models:
+            max_tokens, logprobs = (128, False) if label == "stories260K" else (64, True)
+            for compile_ in (False, True):
+                body = {"path": str(path), "name": label, "max_concurrent": 32, "ctx_cap": 256, "compile": compile_}
+                started = time.perf_counter()
+                response = httpx.post(f"{server.url}/admin/models/load", json=body, headers=headers, timeout=1800)
+                response.raise_for_status()
+                took = time.perf_counter() - started
+                print(f"{label}: compile {compile_}, load {took:.1f} s, graphs {response.json()['graphs']}")
+                for n in streams:
+                    row = asyncio.run(run_streams(server.url, label, n, rounds, max_tokens, logprobs))
+                    print(
+                        f"{label:<12} {compile_!s:>7} {n:>3} {row['tok_s']:>8.1f} {row['ttft_median_ms']:>12.1f} "
+                        f"{row['ttft_p99_ms']:>12.1f} {row['itl_median_ms']:>11.2f}",
+                        flush=True,
+                    )
+                unload(server.url, server.admin_secret, label)
+    finally:
+        server.stop()
+
+
 def main() -> None:
     repo = Path(__file__).resolve().parent.parent
     parser = argparse.ArgumentParser(description=__doc__)
@@ -77,6 +113,9 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated model labels (stories260K, 85M-F32)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads, eager and compiled alike")
     parser.add_argument("--cold", action="store_true", help="start from an empty inductor cache")
+    parser.add_argument("--serve", action="store_true", help="through the whole server (serve_bench.py's clients)")
+    parser.add_argument("--streams", default="1,8,32", help="with --serve: comma-separated client counts")
+    parser.add_argument("--rounds", type=int, default=2, help="with --serve: requests per client")
     args = parser.parse_args()
     if args.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
@@ -85,10 +124,13 @@ def main() -> None:
     _, random_gguf = write_random_llama(stories_hf, stories_gguf)
     cache = "cold" if args.cold else "warm"
     print(f"torch {torch.__version__}, {os.cpu_count()} cpus, {args.threads} threads, inductor cache {cache}")
-    print(f"{'model':<12} {'batch':>5} {'eager ms':>10} {'compiled ms':>13} {'speed-up':>9}")
     models = [(stories_gguf, "stories260K"), (random_gguf, "85M-F32")]
     if args.only:
         models = [(path, label) for path, label in models if label in args.only.split(",")]
+    if args.serve:
+        bench_serving(models, [int(n) for n in args.streams.split(",")], args.rounds)
+        return
+    print(f"{'model':<12} {'batch':>5} {'eager ms':>10} {'compiled ms':>13} {'speed-up':>9}")
     for path, label in models:
         bench_model(path, label, args.threads)
 
