@@ -6,19 +6,20 @@ dwarfs its arithmetic (docs/performance.md). Compiled, the norms, RoPE, the cach
 blocks and the SwiGLU glue become a few fused C++ kernels per layer and one Python call per step.
 
 What keeps it from recompiling every step: the batch is padded up to a bucket (1, 2, 4, ... up to the slot count),
-so each bucket has one static-shaped graph, and the only sizes that change from step to step, the KV length and the
-number of blocks a row reads, are marked dynamic (CPU) or padded to the whole context window (CUDA, where a graph
-replay cannot change shape). The padding rows write their keys and values to the pool's scratch block and read only
-scratch, so they never touch a sequence's KV. After the warm-up a bucket's graph is final: a step that would need a
-new compilation raises instead (`SealableBackend`) and the model goes back to the eager forward for good, with
-the reason in its `graphs` report (hosted_model.py), never silently and never with a compile stall mid-serving.
+so each bucket has one static-shaped graph, and the only size that changes from step to step, the number of blocks
+a row reads, is marked dynamic (CPU) or padded to the whole context window (CUDA, where a graph replay cannot change
+shape). Rows attend over every position of those blocks, the ones past their own masked, so no length is sliced.
+The padding rows write their keys and values to the pool's scratch block and read only scratch, so they never touch
+a sequence's KV. After the warm-up a bucket's graph is final: a step that would need a new compilation raises
+instead (`SealableBackend`) and the model goes back to the eager forward for good, with the reason in its `graphs`
+report (hosted_model.py), never silently and never with a compile stall mid-serving.
 
 Linear layers the compiler knows to be plain matmuls (nn.Linear, TransposedLinear) are traced; every other kind
 (oneDNN-packed, int8, 4-bit: opaque packed weights the compiler cannot lower) is called through the opaque custom op
 `pantheon::linear_layer`, so each keeps its own kernel. The graph shares the model's parameters and the KV pool: no
 weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
 
-`decode_forward` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
+`DecodeGraph` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
 bias lives in the linear layers, qwen3's q/k norm is applied here); test_compiled_step.py holds it to the eager
 forward's greedy tokens.
 """

@@ -61,8 +61,9 @@ class ModelRunner:
     def compile_decode(self, *, threads: int | None = None, buckets: list[int] | None = None) -> DecodeGraphs:
         """Compiles (CPU) or captures (CUDA) the decode step for each batch-size bucket (default: powers of two up
         to `max_concurrent`, and it), now: slow, seconds per bucket on a CPU. `threads` is the number of intra-op
-        threads the steps will run with (the C++ kernels are generated for it). Never raises: a failure leaves
-        decode eager, with the reason in the returned report. A batch larger than every bucket decodes eagerly."""
+        threads the steps will run with (the C++ kernels are generated for it). A failure to compile does not
+        raise: decode stays eager, with the reason in the returned report. A batch larger than every bucket decodes
+        eagerly."""
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
         graphs = DecodeGraphs(self, buckets)
