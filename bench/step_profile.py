@@ -1,0 +1,92 @@
+"""Where a decode step's time goes, by kind of work: torch.profiler over decode steps of the random 85M Llama in each
+GGUF format (bench/random_model.py), its self CPU time per op summed into groups (linear layers, attention, the paged
+KV cache's writes and gathers, norms, everything else), in ms per step, next to the step's wall time and the batch-1
+bandwidth floor (weight bytes per token / copy bandwidth, as in bench/engine_bench.py).
+
+Run: .venv/bin/python bench/step_profile.py [--models DIR] [--batches 1,8,32] [--context 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.engine_bench import copy_bandwidth_gbs  # noqa: E402
+from bench.random_model import write_quantized_gguf, write_random_llama  # noqa: E402
+from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
+
+STEPS = 10
+GROUPS = {
+    "linear": ("quantized::linear_dynamic", "mkldnn::_linear_pointwise", "aten::mm", "aten::addmm",
+               "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "aten::matmul"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
+    "kv cache": ("aten::index_select", "aten::index_copy_"),
+    "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
+}  # fmt: skip
+
+
+def group_of(op: str) -> str:
+    return next((group for group, ops in GROUPS.items() if op in ops), "other ops")
+
+
+def profile_step(path: Path, batch: int, context: int) -> dict:
+    loaded = load_model(path, max_concurrent=max(batch, 1), context_window=context + 2 * STEPS + 8)
+    runner = loaded.runner
+    slots = [runner.allocate_slot() for _ in range(batch)]
+    gen = torch.Generator().manual_seed(0)
+    for slot in slots:
+        runner.prefill(slot, torch.randint(3, loaded.config.vocab_size, (context,), generator=gen).tolist())
+    tokens = [5] * batch
+    for _ in range(3):
+        runner.decode(slots, tokens)
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        runner.decode(slots, tokens)
+    wall_ms = 1000 * (time.perf_counter() - start) / STEPS
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(STEPS):
+            runner.decode(slots, tokens)
+    groups: dict[str, float] = {}
+    for event in prof.key_averages():
+        groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1000 / STEPS
+    return {
+        "wall_ms": wall_ms,
+        "groups": groups,
+        "weight_bytes": loaded.weight_bytes,
+        "formats": linear_formats(runner.model),
+    }
+
+
+def main() -> None:
+    repo = Path(__file__).resolve().parent.parent
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--models", type=Path, default=Path(os.environ.get("PANTHEON_TEST_MODELS", repo.parent / "shared" / "models"))
+    )
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--context", type=int, default=128, help="tokens each sequence holds before the steps")
+    args = parser.parse_args()
+    stories_hf, stories_gguf = args.models / "stories260K-hf", args.models / "stories260K.gguf"
+    _, f32 = write_random_llama(stories_hf, stories_gguf)
+    models = [("F32", f32), *((q, write_quantized_gguf(stories_hf, stories_gguf, q)) for q in ("Q8_0", "Q4_0"))]
+    bandwidth = copy_bandwidth_gbs()
+    print(f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s; ms per decode step")
+    names = [*GROUPS, "other ops"]
+    print(f"{'model':<6} {'batch':>5} {'wall':>7} {'floor':>6} " + " ".join(f"{n:>10}" for n in names))
+    for label, path in models:
+        for batch in (int(b) for b in args.batches.split(",")):
+            row = profile_step(path, batch, args.context)
+            floor = 1000 * row["weight_bytes"] / (bandwidth * 1e9)
+            cells = " ".join(f"{row['groups'].get(n, 0.0):>10.2f}" for n in names)
+            print(f"{label:<6} {batch:>5} {row['wall_ms']:>7.2f} {floor:>6.2f} {cells}  {row['formats']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
