@@ -20,7 +20,7 @@ from inference.engine.model.runner import ModelRunner
 from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized, int4_kernel_is_fast
 from inference.engine.model.transformer import Transformer
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
-from tests.engine.test_gguf_quant import CONFIG, encode
+from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 
 PROMPTS = [[1, 5, 9, 3, 7, 2, 11, 4], [1, 15, 14, 13, 12, 6, 8, 10, 0, 3]]
 
@@ -32,18 +32,10 @@ WIDE = CONFIG | {
     "num_attention_heads": 8,
     "num_key_value_heads": 4,
 }
-WIDE_MATRICES = {
-    "token_embd.weight": (512, 512),
-    "output.weight": (512, 512),
-    "blk.0.attn_q.weight": (512, 512),
-    "blk.0.attn_k.weight": (256, 512),
-    "blk.0.attn_v.weight": (256, 512),
-    "blk.0.attn_output.weight": (512, 512),
-    "blk.0.ffn_gate.weight": (512, 512),
-    "blk.0.ffn_up.weight": (512, 512),
-    "blk.0.ffn_down.weight": (512, 512),
-}
-WIDE_NORMS = {"output_norm.weight": (512,), "blk.0.attn_norm.weight": (512,), "blk.0.ffn_norm.weight": (512,)}
+VOCAB_ROWS = ("token_embd.weight", "output.weight")
+# test_gguf_quant's tensors at twice the width, and the vocabulary's rows at WIDE's vocabulary.
+WIDE_MATRICES = {name: (512 if name in VOCAB_ROWS else 2 * rows, 2 * cols) for name, (rows, cols) in MATRICES.items()}
+WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
 # max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. int4: the
 # bfloat16 rounding of activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the
