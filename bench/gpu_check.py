@@ -116,7 +116,7 @@ class StaticDecode:
         self.num_kv_heads = runner.model.config.num_kv_heads
         key_count = self.blocks_per_row * runner.cache.block_size
         self.key_positions = torch.arange(key_count, device=device)
-        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
         self.view = CacheView(
             positions=torch.zeros(batch, 1, dtype=torch.long, device=device),
             write_rows=torch.zeros(batch * self.num_kv_heads, dtype=torch.long, device=device),
@@ -134,10 +134,10 @@ class StaticDecode:
     def step(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
         """As ModelRunner.decode: float32 logits [B, V]; on CUDA the graph's output, overwritten by the next step."""
         cache = self.runner.cache
-        fresh = cache.view(slots, [1] * len(slots), 1)
+        fresh = cache.view(slots, 1)
         self.view.positions.copy_(fresh.positions)
         self.view.write_rows.copy_(fresh.write_rows)
-        self.tokens.copy_(torch.tensor(token_ids)[:, None])
+        self.tokens.copy_(torch.tensor(token_ids))
         held = [cache.blocks(slot) for slot in slots]
         if held != self.held_blocks:
             self._set_blocks(held)
@@ -163,7 +163,7 @@ class StaticDecode:
     def _forward(self) -> torch.Tensor:
         # positions: [B, 1] -> mask: [B, 1, 1, L], each row attends to the keys up to its own position
         self.view.mask.copy_((self.key_positions <= self.view.positions[:, :, None])[:, None])
-        return self.runner.model(self.tokens, self.runner.cache, self.view)[:, 0].float()  # [B, V]
+        return self.runner.model(self.tokens, self.runner.cache, [self.view]).float()  # [B, V]
 
     def _capture(self) -> None:
         """Warm-up runs on a side stream first, as torch.cuda.graph asks, so that lazy initialisation and the KV

@@ -2,8 +2,9 @@
 
 Sequences wait in a FIFO queue until a decode slot is free, then run until they finish or are aborted. Each step
 is planned by `schedule()` (nano-vllm style): at most one chunk's worth of prompt tokens (`prefill_chunk`, taken
-from the oldest running sequences whose prompt is not in the KV yet) plus one batched decode of every sequence that
-has a token to feed. `step()` runs the plan and makes a single sampler call for all rows that produced logits;
+from the oldest running sequences whose prompt is not in the KV yet) plus one token for every sequence that has one
+to feed. `step()` runs the plan as one forward pass (ModelRunner.step: prompt chunks and decode rows share each pass
+over the weights) and makes a single sampler call for all rows that produced logits;
 `postprocess()` appends the tokens. A long prompt therefore stalls running decoders by at most one chunk per step,
 and a sequence joins or leaves the batch at any step. `pause()` stops admitting at a step boundary; running
 sequences finish first.
@@ -86,7 +87,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.paused = False
         self.forward_steps = 0  # forward passes run so far (the weights barrier shows none runs while it holds)
-        self.prefill_tok_per_s = 0.0  # measured: a moving average over prefill steps
+        self.prefill_tok_per_s = 0.0  # measured: tokens per second of steps that prefill, a moving average
 
     @property
     def context_window(self) -> int:
@@ -188,11 +189,19 @@ class Scheduler:
         logits: list[torch.Tensor] = []
         if plan.prefills or plan.decode:
             self.forward_steps += 1
-        if plan.prefills:
             started = time.perf_counter()
-            last = self._prefill(plan.prefills)  # [P, V]
-            self._measure_prefill(sum(len(chunk) for _, chunk in plan.prefills), time.perf_counter() - started)
-            for i, (seq, chunk) in enumerate(plan.prefills):
+            scored = frozenset(i for i, (seq, _) in enumerate(plan.prefills) if seq.prompt_logprobs is not None)
+            chunk_logits, decoded = self.runner.step(
+                [(seq.slot, chunk) for seq, chunk in plan.prefills],
+                [s.slot for s in plan.decode],
+                [s.last_token for s in plan.decode],
+                all_logits=scored,
+            )
+            if plan.prefills:
+                tokens = sum(len(chunk) for _, chunk in plan.prefills) + len(plan.decode)
+                self._measure_prefill(tokens, time.perf_counter() - started)
+            for (seq, chunk), chunk_out in zip(plan.prefills, chunk_logits, strict=True):
+                last = self._score_chunk(seq, chunk_out) if seq.prompt_logprobs is not None else chunk_out
                 seq.num_prefilled += len(chunk)
                 if seq.prefill_done and seq.prompt_logprobs is not None:
                     out.append(
@@ -204,9 +213,8 @@ class Scheduler:
                     out.append(self._end_unsampled(seq))
                 elif seq.prefill_done:
                     rows.append(seq)
-                    logits.append(last[i : i + 1])
+                    logits.append(last[None])
         if plan.decode:
-            decoded = self.runner.decode([s.slot for s in plan.decode], [s.last_token for s in plan.decode])
             sampled_rows = [i for i, s in enumerate(plan.decode) if not s.finalizing]
             rows += [plan.decode[i] for i in sampled_rows]
             logits.append(decoded if len(sampled_rows) == len(plan.decode) else decoded[sampled_rows])
@@ -232,26 +240,13 @@ class Scheduler:
             self.running.remove(seq)
             self._release(seq)
 
-    def _prefill(self, prefills: list[tuple[Sequence, list[int]]]) -> torch.Tensor:
-        """Runs the step's prefill chunks, as one batch when padding them to the longest at most doubles the work
-        and every slot has room for the padding, else one after another (always, when a chunk's prompt is scored).
-        Returns each chunk's last logits [P, V]."""
-        if len(prefills) == 1 or any(seq.prompt_logprobs is not None for seq, _ in prefills):
-            return torch.stack([self._prefill_one(seq, chunk) for seq, chunk in prefills])
-        width = max(len(chunk) for _, chunk in prefills)
-        cheap = len(prefills) * width <= 2 * sum(len(chunk) for _, chunk in prefills)
-        if cheap and all(self.runner.slot_length(seq.slot) + width <= self.context_window for seq, _ in prefills):
-            return self.runner.prefill_batch([seq.slot for seq, _ in prefills], [chunk for _, chunk in prefills])
-        return torch.stack([self.runner.prefill(seq.slot, chunk) for seq, chunk in prefills])
-
-    def _prefill_one(self, seq: Sequence, chunk: list[int]) -> torch.Tensor:
-        """One chunk's prefill; for a scored prompt, also the log-probability of each of its tokens that the chunk's
-        positions predict (teacher forcing: position i's logits score token i + 1). Returns the last logits [V]."""
-        if seq.prompt_logprobs is None:
-            return self.runner.prefill(seq.slot, chunk)
+    def _score_chunk(self, seq: Sequence, chunk_logits: torch.Tensor) -> torch.Tensor:
+        """Records the log-probability of each prompt token that the chunk's positions predict (teacher forcing:
+        position i's logits score token i + 1), from the chunk's logits of every position [L, V]. Returns the last
+        position's logits [V]."""
         start = seq.num_prefilled
-        logprobs = self.runner.prefill(seq.slot, chunk, all_logits=True).log_softmax(-1)  # [L, V]
-        targets = seq.prompt_ids[start + 1 : start + 1 + len(chunk)]  # the last position's target may be beyond it
+        logprobs = chunk_logits.log_softmax(-1)  # [L, V]
+        targets = seq.prompt_ids[start + 1 : start + 1 + len(chunk_logits)]  # the last target may be past the chunk
         rows = torch.arange(len(targets))
         chosen = logprobs[rows, torch.tensor(targets, dtype=torch.long)].tolist()
         top = logprobs[: len(targets)].topk(seq.prompt_logprobs, dim=-1) if seq.prompt_logprobs else None
@@ -263,7 +258,7 @@ class Scheduler:
                 alternatives = [TopLogprob(token_id=t, token=token_bytes(t), logprob=v) for t, v in pairs]
             entry = TokenLogprob(token_id=token_id, token=token_bytes(token_id), logprob=value, top=alternatives)
             seq.prompt_entries.append(entry)
-        return logprobs[-1]
+        return chunk_logits[-1]
 
     def _end_unsampled(self, seq: Sequence) -> Finished:
         """A sequence that asked for no output tokens ends once its prompt is in."""

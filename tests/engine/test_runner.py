@@ -59,6 +59,32 @@ def test_batched_decode_of_different_lengths_in_any_slot_order_equals_decoding_a
         assert runner.slot_length(slot) == lengths[slot] + 1
 
 
+def test_a_prompt_chunk_and_decode_rows_share_one_forward_pass_with_the_same_logits_as_apart(runner):
+    passes = []
+    runner.model.register_forward_hook(lambda *_: passes.append(1))
+    decoders = [runner.allocate_slot(), runner.allocate_slot()]
+    for slot, length in zip(decoders, (5, 11), strict=True):
+        runner.prefill(slot, PROMPT[:length])
+    newcomer = runner.allocate_slot()
+    passes.clear()
+    chunks, decoded = runner.step([(newcomer, PROMPT[:9])], decoders, [PROMPT[5], PROMPT[11]])
+    assert len(passes) == 1  # the chunk and the decode rows read the weights once between them
+    assert [runner.slot_length(s) for s in (*decoders, newcomer)] == [6, 12, 9]
+    for slot, length in zip((*decoders, newcomer), (5, 11, 0), strict=True):
+        runner.truncate(slot, length)
+    prefilled = runner.prefill(newcomer, PROMPT[:9])
+    torch.testing.assert_close(chunks[0], prefilled, atol=1e-4, rtol=0)
+    torch.testing.assert_close(decoded, runner.decode(decoders, [PROMPT[5], PROMPT[11]]), atol=1e-4, rtol=0)
+
+
+def test_a_step_that_would_overflow_a_slot_writes_nothing(runner):
+    full, other = runner.allocate_slot(), runner.allocate_slot()
+    runner.prefill(full, PROMPT * 4 + PROMPT[:12])  # 64: the whole window
+    with pytest.raises(ContextOverflow):
+        runner.step([(other, PROMPT)], [full], [5])
+    assert (runner.slot_length(other), runner.slot_length(full), runner.cache.blocks(other)) == (0, 64, [])
+
+
 def test_truncate_then_continue_equals_a_fresh_sequence(runner):
     slot = runner.allocate_slot()
     runner.prefill(slot, PROMPT)

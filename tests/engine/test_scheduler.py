@@ -104,6 +104,25 @@ def test_batched_sequences_each_equal_their_own_greedy_decoding(model):
         assert tokens_of(messages, str(i)) == expected[i]
 
 
+def test_an_arrival_is_prefilled_in_the_same_forward_pass_as_the_running_decode(model):
+    prompts = [model.tokenizer.encode(text) for text in PROMPTS[:2]]
+    expected = [greedy_reference(model, ids, 20) for ids in prompts]
+    scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=2)
+    scheduler.add(sequence(model, "running", prompts[0], max_tokens=20))
+    messages = scheduler.step() + scheduler.step()  # its prompt, then its first decode
+    passes = []
+    hook = model.runner.model.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        scheduler.add(sequence(model, "arrival", prompts[1], max_tokens=20))
+        arrival_step = scheduler.step()
+    finally:
+        hook.remove()
+    assert len(passes) == 1  # the arrival's prompt and the running row read the weights once between them
+    assert {m.request_id for m in arrival_step if isinstance(m, p.Tokens)} == {"running", "arrival"}
+    messages += arrival_step + run(scheduler)
+    assert [tokens_of(messages, "running"), tokens_of(messages, "arrival")] == expected
+
+
 def test_abort_frees_the_slot_at_once_and_the_next_request_runs(model):
     scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=1)
     prompt = model.tokenizer.encode(PROMPTS[0])

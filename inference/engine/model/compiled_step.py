@@ -304,7 +304,7 @@ class DecodeGraphs:
                 for slot in slots:
                     runner.prefill(slot, [0])
                 token_ids = [0] * bucket
-                view = runner.cache.view(slots, [1] * bucket, 1)
+                view = runner.cache.view(slots, 1)
                 if self.cuda:
                     self._captured[bucket] = CapturedStep(self, bucket, view, token_ids)
                 else:

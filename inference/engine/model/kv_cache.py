@@ -7,8 +7,9 @@ blocks its prompt begins with (`reuse_prefix`), so only the rest is prefilled. A
 it until it is freed, so a session keeps its conversation's slot between turns and a turn continues it.
 
 Each layer's keys (and values) are one tensor `[num_kv_heads, num_blocks + 1, block_size, head_dim]`. The extra last
-block is scratch: positions a step computes but no sequence keeps (the padding of a batched prefill) are written
-there. A step reads a sequence's keys by gathering its blocks in table order (on any device: torch has no paged
+block is scratch: positions a step computes but no sequence keeps (the padding rows of a compiled decode step's
+batch) are written there, and a decode row shorter than others in its batch reads it, masked, past its own blocks. A
+step reads a sequence's keys by gathering its blocks in table order (on any device: torch has no paged
 attention kernel for CPU); a lone sequence whose blocks are consecutive, as a fresh pool hands them out, is read as
 a view without a copy. The gather writes into two buffers kept across steps (keys, values; every layer reuses them,
 since a layer's attention is done before the next one reads), grown to the largest step read so far: a fresh
@@ -210,37 +211,42 @@ class KVCache:
 
     # -- one forward step --------------------------------------------------------------------------------------
 
-    def view(self, slots: list[int], counts: list[int], width: int) -> CacheView:
-        """The view for appending `counts[i]` tokens to `slots[i]`, as rows of `width` positions (a row's positions
-        past its count are padding, written to scratch). Allocates the blocks the new tokens need.
+    def check_room(self, slot: int, count: int) -> None:
+        """Raises ContextOverflow when the slot cannot take `count` more tokens."""
+        length = self.length(slot) + count
+        if length > self.context_window:
+            raise ContextOverflow(slot, length, self.context_window)
+
+    def view(self, slots: list[int], width: int) -> CacheView:
+        """The view for appending `width` tokens to each of `slots` (a prompt's chunk: one slot; a decode batch:
+        width 1). Allocates the blocks the new tokens need.
 
         The indices are built as Python ints and copied to the device once each: a decode step of a small model
         costs less than the handful of tensor ops that would compute them."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")
+        for slot in slots:
+            self.check_room(slot, width)
         tables = [self._table(slot) for slot in slots]
         starts = [len(t.token_ids) for t in tables]
         longest = max(starts) + width
-        if longest > self.context_window:
-            slot = slots[starts.index(max(starts))]
-            raise ContextOverflow(slot, longest, self.context_window)
-        bs, scratch = self.block_size, self.scratch
+        bs = self.block_size
         heads = range(self._num_kv_heads)
         per_head = (self.scratch + 1) * bs
         positions, write_rows = [], []
-        for table, start, count in zip(tables, starts, counts, strict=True):
-            self._reserve(table, start + count)
-            end = start + count
+        for table, start in zip(tables, starts, strict=True):
+            self._reserve(table, start + width)
             row_positions = range(start, start + width)
             positions.append(row_positions)
             for p in row_positions:
-                base = (table.blocks[p // bs] if p < end else scratch) * bs + p % bs
+                base = table.blocks[p // bs] * bs + p % bs
                 write_rows += [h * per_head + base for h in heads]
         nb = -(-longest // bs)
         first = tables[0].blocks[0]
         if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
             blocks: slice | torch.Tensor = slice(first, first + nb)
         else:
+            scratch = self.scratch
             padded = [b for t in tables for b in (t.blocks[:nb] + [scratch] * (nb - len(t.blocks)))]
             blocks = torch.tensor([h * (scratch + 1) + b for h in heads for b in padded], device=self.device)
         position_index = torch.tensor(positions, device=self.device)  # [B, S]

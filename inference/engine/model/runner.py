@@ -90,72 +90,103 @@ class ModelRunner:
         self.cache.truncate(slot, length)
 
     @torch.inference_mode()
+    def step(
+        self,
+        prefills: list[tuple[int, list[int]]],
+        decode_slots: list[int],
+        decode_tokens: list[int],
+        *,
+        all_logits: frozenset[int] = frozenset(),
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A step's work in one forward pass over the weights: each `prefills[i] = (slot, token_ids)` appended to its
+        slot's KV, and one token for each decode slot, at its slot's own length. Returns float32 logits: for each
+        chunk, of its last position [V] (of every position, [S, V], when `i in all_logits`), and of the decode rows
+        [D, V].
+
+        Each chunk attends as its own group, unpadded, and the decode rows as one more (Transformer.forward), so a
+        burst of prompts and the running decoders cost one pass over the weights, not one per prompt plus one for
+        the decode. A decode-only step runs the compiled graph of its batch size when there is one. A slot appears
+        at most once; every slot must have room for what it appends, or the call raises ContextOverflow before
+        writing anything."""
+        slots = [slot for slot, _ in prefills] + decode_slots
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one step: {slots}")
+        if not all(ids for _, ids in prefills) or len(decode_slots) != len(decode_tokens):
+            raise ValueError("a step needs non-empty prefill chunks and one token per decode slot")
+        if not slots:
+            raise ValueError("a step needs at least one prefill chunk or decode slot")
+        for slot, ids in prefills:
+            self.cache.check_room(slot, len(ids))
+        for slot in decode_slots:
+            self.cache.check_room(slot, 1)
+        views = [self.cache.view([slot], len(ids)) for slot, ids in prefills]
+        decoded = None
+        if decode_slots:
+            views.append(self.cache.view(decode_slots, 1))
+            if not prefills and self.graphs is not None:
+                decoded = self.graphs.forward(decode_tokens, views[0])  # [D, 1, V], None: eager
+                decoded = None if decoded is None else decoded[:, 0].float()
+        chunks = []
+        if decoded is None:
+            tokens = torch.tensor([t for _, ids in prefills for t in ids] + decode_tokens, device=self.device)
+            select, start = [], 0  # the positions whose logits are returned
+            for i, (_, ids) in enumerate(prefills):
+                select += range(start, start + len(ids)) if i in all_logits else [start + len(ids) - 1]
+                start += len(ids)
+            select += range(start, start + len(decode_tokens))
+            logits = self.model(tokens, self.cache, views, select=torch.tensor(select, device=self.device)).float()
+            start = 0
+            for i, (_, ids) in enumerate(prefills):
+                count = len(ids) if i in all_logits else 1
+                chunks.append(logits[start : start + count] if i in all_logits else logits[start])
+                start += count
+            decoded = logits[start:]
+        for slot, ids in prefills:
+            self.cache.advance(slot, ids)
+        for slot, token_id in zip(decode_slots, decode_tokens, strict=True):
+            self.cache.advance(slot, [token_id])
+        return chunks, decoded
+
     def prefill(self, slot: int, token_ids: list[int], *, all_logits: bool = False) -> torch.Tensor:
         """Appends `token_ids` to the slot's KV; float32 logits of the last position [V], or of all of them [S, V]."""
         if not token_ids:
             raise ValueError("prefill needs at least one token")
-        view = self.cache.view([slot], [len(token_ids)], len(token_ids))
-        tokens = torch.tensor([token_ids], device=self.device)
-        logits = self.model(tokens, self.cache, view, last_only=not all_logits)  # [1, S or 1, V]
-        self.cache.advance(slot, token_ids)
-        return logits[0].float() if all_logits else logits[0, -1].float()
+        chunks, _ = self.step([(slot, token_ids)], [], [], all_logits=frozenset({0} if all_logits else ()))
+        return chunks[0]
+
+    def prefill_batch(self, slots: list[int], token_ids: list[list[int]]) -> torch.Tensor:
+        """Appends each `token_ids[i]` to `slots[i]`'s KV in one forward pass; float32 logits of each one's last
+        position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little
+        more than its tokens."""
+        if len(slots) != len(token_ids) or not all(token_ids):
+            raise ValueError("prefill_batch needs one non-empty token list per slot")
+        chunks, _ = self.step(list(zip(slots, token_ids, strict=True)), [], [])
+        return torch.stack(chunks)
+
+    def decode(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
+        """One token per slot, each appended at its slot's own length; float32 logits [B, V]."""
+        if len(slots) != len(token_ids) or not slots:
+            raise ValueError(f"decode needs one token per slot, got {len(slots)} slots and {len(token_ids)} tokens")
+        return self.step([], slots, token_ids)[1]
 
     @torch.inference_mode()
     def embed(self, token_ids: list[list[int]], pooling: str) -> torch.Tensor:
-        """Each input's embedding, all in one forward pass (padded as in prefill_batch): its final hidden states
-        pooled ("mean" over its positions, or the "last" one) and L2-normalised, float32 [B, D]. Each input takes a
-        slot for the pass, freed at once (its full blocks stay cached, so a generation on the same text reuses
-        them)."""
+        """Each input's embedding, all in one forward pass (each input its own attention group, as in `step`): its
+        final hidden states pooled ("mean" over its positions, or the "last" one) and L2-normalised, float32 [B, D].
+        Each input takes a slot for the pass, freed at once (its full blocks stay cached, so a generation on the
+        same text reuses them)."""
         slots = [self.allocate_slot() for _ in token_ids]
         try:
-            width = max(len(ids) for ids in token_ids)
-            view = self.cache.view(slots, [len(ids) for ids in token_ids], width)
-            tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
-            states = self.model(tokens, self.cache, view, hidden=True).float()  # [B, W, D]
+            for slot, ids in zip(slots, token_ids, strict=True):
+                self.cache.check_room(slot, len(ids))
+            views = [self.cache.view([slot], len(ids)) for slot, ids in zip(slots, token_ids, strict=True)]
+            tokens = torch.tensor([t for ids in token_ids for t in ids], device=self.device)
+            states = self.model(tokens, self.cache, views, hidden=True).float()  # [T, D]
             for slot, ids in zip(slots, token_ids, strict=True):
                 self.cache.advance(slot, ids)
         finally:
             for slot in slots:
                 self.free_slot(slot)
-        lengths = torch.tensor([len(ids) for ids in token_ids], device=states.device)
-        if pooling == "mean":
-            valid = (torch.arange(width, device=states.device)[None, :] < lengths[:, None]).to(states.dtype)
-            pooled = (states * valid[..., None]).sum(1) / lengths[:, None]
-        else:
-            pooled = states[torch.arange(len(token_ids), device=states.device), lengths - 1]
+        inputs = states.split([len(ids) for ids in token_ids])
+        pooled = torch.stack([rows.mean(0) if pooling == "mean" else rows[-1] for rows in inputs])
         return torch.nn.functional.normalize(pooled, dim=-1)
-
-    @torch.inference_mode()
-    def prefill_batch(self, slots: list[int], token_ids: list[list[int]]) -> torch.Tensor:
-        """Appends each `token_ids[i]` to `slots[i]`'s KV in one forward pass; float32 logits of each one's last
-        position [B, V]. One pass over the weights instead of one per prompt: a burst of short prompts costs little
-        more than the longest of them.
-
-        Shorter lists are padded at their end to the longest. The padding's keys and values go to the pool's scratch
-        block, where no real token attends (the causal mask). Every slot must have room for the longest list, or
-        the call raises ContextOverflow before writing anything.
-        """
-        if len(slots) != len(token_ids) or not all(token_ids):
-            raise ValueError("prefill_batch needs one non-empty token list per slot")
-        width = max(len(ids) for ids in token_ids)
-        view = self.cache.view(slots, [len(ids) for ids in token_ids], width)
-        tokens = torch.tensor([ids + ids[-1:] * (width - len(ids)) for ids in token_ids], device=self.device)
-        last = torch.tensor([len(ids) - 1 for ids in token_ids], device=self.device)
-        logits = self.model(tokens, self.cache, view, last_index=last)  # [B, 1, V]
-        for slot, ids in zip(slots, token_ids, strict=True):
-            self.cache.advance(slot, ids)
-        return logits[:, 0].float()
-
-    @torch.inference_mode()
-    def decode(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
-        """One token per slot, each appended at its slot's own length; float32 logits [B, V]."""
-        if len(slots) != len(token_ids) or not slots:
-            raise ValueError(f"decode needs one token per slot, got {len(slots)} slots and {len(token_ids)} tokens")
-        view = self.cache.view(slots, [1] * len(slots), 1)
-        logits = self.graphs.forward(token_ids, view) if self.graphs is not None else None  # [B, 1, V]
-        if logits is None:
-            tokens = torch.tensor(token_ids, device=self.device)[:, None]
-            logits = self.model(tokens, self.cache, view)  # [B, 1, V]
-        for slot, token_id in zip(slots, token_ids, strict=True):
-            self.cache.advance(slot, [token_id])
-        return logits[:, 0].float()

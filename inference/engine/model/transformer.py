@@ -43,7 +43,7 @@ class RMSNorm(nn.Module):
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE in the Hugging Face layout: dimension i is paired with i + head_dim/2, i.e.
     x * cos + cat(-x2, x1) * sin, written as x * cos + roll(x) * cat(-sin1, sin2): three kernels instead of six."""
-    # x: [B, S, H, hd]; cos, sin_signed: [B, S, 1, hd]
+    # x: [..., H, hd]; cos, sin_signed: [..., 1, hd]
     return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
 
 
@@ -147,15 +147,32 @@ class Attention(nn.Module):
         self.qk_norm = RMSNorm((qk_heads, self.head_dim), config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, views: list[CacheView]
     ) -> torch.Tensor:
-        # x: [B, S, D]; cos, sin_signed: [B, S, 1, hd] -> [B, S, D]
-        batch, seq, _ = x.shape
-        qkv = self.wqkv(x).view(batch, seq, -1, self.head_dim)  # [B, S, H + 2 Hkv, hd]
-        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=2)
+        # x: [T, D]; cos, sin_signed: [T, 1, hd] -> [T, D]
+        tokens = x.shape[0]
+        qkv = self.wqkv(x).view(tokens, -1, self.head_dim)  # [T, H + 2 Hkv, hd]
+        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
         if self.qk_norm is not None:
             qk = self.qk_norm(qk)
-        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=2)
+        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=1)
+        outs, start = [], 0
+        for view in views:
+            rows, seq = view.positions.shape
+            end = start + rows * seq
+            group = (rows, seq, -1, self.head_dim)
+            outs.append(
+                self._attend(q[start:end].view(group), k[start:end].view(group), v[start:end].view(group), cache, view)
+            )
+            start = end
+        return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, view: CacheView
+    ) -> torch.Tensor:
+        """One group's attention: stores its new keys and values, attends over its rows' KV."""
+        # q: [B, S, H, hd]; k, v: [B, S, Hkv, hd] -> [B * S, H * hd]
+        batch, seq = q.shape[:2]
         keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
         if seq == 1 and self.num_heads != self.num_kv_heads:
             # decode: each kv head's group of query heads attends as if it were that many query positions, so the
@@ -166,7 +183,7 @@ class Attention(nn.Module):
             q = q.transpose(1, 2)  # [B, H, S, hd]
             gqa = self.num_heads != self.num_kv_heads
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=view.mask, enable_gqa=gqa)
-        return self.wo(out.reshape(batch, self.num_heads, seq, self.head_dim).transpose(1, 2).reshape(batch, seq, -1))
+        return out.reshape(batch, self.num_heads, seq, self.head_dim).transpose(1, 2).reshape(batch * seq, -1)
 
 
 class FeedForward(nn.Module):
@@ -178,7 +195,7 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, S, D] -> [B, S, D]
+        # x: [T, D] -> [T, D]
         gate, up = self.w13(x).chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
@@ -192,10 +209,10 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
+        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, views: list[CacheView]
     ) -> torch.Tensor:
-        # x: [B, S, D] -> [B, S, D]
-        x = x + self.attention(self.attention_norm(x), cos, sin_signed, cache, view)
+        # x: [T, D] -> [T, D]
+        x = x + self.attention(self.attention_norm(x), cos, sin_signed, cache, views)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -273,25 +290,28 @@ class Transformer(nn.Module):
         self,
         tokens: torch.Tensor,
         cache: KVCache,
-        view: CacheView,
+        views: list[CacheView],
         *,
-        last_only: bool = False,
-        last_index: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
         hidden: bool = False,
     ) -> torch.Tensor:
-        """Logits (or with `hidden`, the final hidden states, after the last norm) of every position, of the last one
-        (`last_only`), or of position `last_index[b]` of each row b
-        (rows padded at the end, see ModelRunner.prefill_batch)."""
-        # tokens: [B, S]; last_index: [B] long -> logits: [B, S, V] ([B, 1, V] with last_only or last_index)
+        """Logits (or with `hidden`, the final hidden states, after the last norm) of every token, or of the tokens
+        `select` names.
+
+        `tokens` are the step's tokens of every group, flattened: group g is the `[B, S]` rows `views[g]` describes
+        (its `positions`), row-major, and the groups follow each other. Every linear layer runs once over all of
+        them, so a prompt's chunk and a batch of decode rows share one pass over the weights; attention runs per
+        group, since each has its own shape (a chunk of S positions, or one position per decode row)."""
+        # tokens: [T] long; select: [N] long -> logits: [T or N, V]
+        positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
+        positions = views[0].positions.reshape(-1) if positions is None else positions
         x = self.embed(tokens)
-        cos = self.rope_cos[view.positions].to(x.dtype).unsqueeze(2)  # [B, S, 1, hd]
-        sin_signed = self.rope_sin_signed[view.positions].to(x.dtype).unsqueeze(2)
+        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, hd]
+        sin_signed = self.rope_sin_signed[positions].to(x.dtype).unsqueeze(1)
         for block in self.layers:
-            x = block(x, cos, sin_signed, cache, view)
-        if last_index is not None:
-            x = x[torch.arange(x.shape[0], device=x.device), last_index][:, None]
-        elif last_only:
-            x = x[:, -1:]
+            x = block(x, cos, sin_signed, cache, views)
+        if select is not None:
+            x = x[select]
         x = self.norm(x)
         return x if hidden else self.lm_head(x)
 
