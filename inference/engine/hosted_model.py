@@ -170,7 +170,7 @@ class HostedModel:
         configured = configured_window(config, options.ctx_cap)
         element = element_size(options.dtype or None, device)
         budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
-        per_token = kv_bytes_per_token(config, element)
+        per_token = kv_bytes_per_token(config, element_size(options.kv_dtype or options.dtype or None, device))
         window = effective_window(configured, per_token, slots, budget)
         if window < min(MIN_WINDOW, configured):
             raise MemoryError(
@@ -185,6 +185,7 @@ class HostedModel:
             attachable=attachable,
             device=device,
             dtype=options.dtype or None,
+            kv_dtype=options.kv_dtype or None,
             quantize=options.quantize,
             max_concurrent=slots,
             context_window=window,

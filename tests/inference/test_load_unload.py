@@ -227,3 +227,23 @@ def test_admin_models_shows_each_loads_in_memory_weights(api, tmp_path, stories_
     assert rows["kept"]["linear_formats"] == {"int8": 5}
     assert rows["expanded"]["linear_formats"] == {"float32": 5}
     assert rows["kept"]["bytes"] < 0.6 * rows["expanded"]["bytes"]
+
+
+def test_a_16_bit_kv_cache_holds_the_same_window_in_half_the_bytes_and_serves(api, stories_hf_dir):
+    for name, kv_dtype in (("wide", ""), ("narrow", "float16")):
+        body = {"path": str(stories_hf_dir), "name": name, "kv_dtype": kv_dtype, "ctx_cap": 128}
+        response = api.post("/admin/models/load", json=body)
+        assert response.status_code == 200, response.text
+    rows = {row["id"]: row for row in api.get("/admin/models").json()["data"]}
+    assert rows["wide"]["kv_cache"]["dtype"] == "float32" and rows["narrow"]["kv_cache"]["dtype"] == "float16"
+    assert rows["narrow"]["context_window"] == rows["wide"]["context_window"]
+    assert rows["narrow"]["kv_cache"]["bytes"] * 2 == rows["wide"]["kv_cache"]["bytes"]
+    texts = []
+    for name in ("wide", "narrow"):
+        body = {"model": name, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+        response = api.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        texts.append(response.json()["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0]
+    response = api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "bad", "kv_dtype": "int3"})
+    assert response.status_code == 400 and "kv_dtype" in response.text

@@ -59,12 +59,14 @@ def load_model(
     context_window: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     pool_tokens: int = 0,
+    kv_dtype: str | torch.dtype | None = None,
     attachable: bool = False,
     progress: ReadProgress | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
-    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner).
+    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner), in
+    `kv_dtype` (default: the weights' dtype).
     `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (model/stored_quant.py);
@@ -73,6 +75,7 @@ def load_model(
     device = torch.device(device)
     automatic_dtype = dtype is None
     dtype = _resolve_dtype(dtype, device)
+    kv_dtype = None if kv_dtype is None else _resolve_dtype(kv_dtype, device)
     fmt = checkpoint_format(path)
     if fmt == "hf":
         checkpoint = read_hf_dir(path, progress)
@@ -109,6 +112,7 @@ def load_model(
             context_window=context,
             block_size=block_size,
             pool_tokens=pool_tokens,
+            kv_dtype=kv_dtype,
         ),
         eos_token_ids=list(dict.fromkeys(eos)),
         dtype=dtype,

@@ -160,13 +160,13 @@ def paged_attention(
     # q: [B, 1, H, hd]; k, v: [B, 1, Hkv, hd]; blocks: [Hkv, B, nb]; mask: [B, 1, 1, nb * bs] -> [B, 1, H * hd]
     batch, _, heads, head_dim = q.shape
     kv_heads, _, block_size, _ = key_pool.shape
-    key_pool.view(-1, head_dim).index_copy_(0, write_rows, k.reshape(-1, head_dim))
-    value_pool.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim))
+    key_pool.view(-1, head_dim).index_copy_(0, write_rows, k.reshape(-1, head_dim).to(key_pool.dtype))
+    value_pool.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim).to(value_pool.dtype))
     rows = blocks.reshape(-1)
 
     def gather(pool: torch.Tensor) -> torch.Tensor:
         gathered = pool.view(-1, block_size * head_dim).index_select(0, rows)  # [Hkv * B * nb, bs * hd]
-        return gathered.view(kv_heads, batch, -1, head_dim).transpose(0, 1)  # [B, Hkv, nb * bs, hd]
+        return gathered.view(kv_heads, batch, -1, head_dim).transpose(0, 1).to(q.dtype)  # [B, Hkv, nb * bs, hd]
 
     # each kv head's group of query heads attends as that many query positions (as the eager decode does)
     grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)

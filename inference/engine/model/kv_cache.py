@@ -27,6 +27,7 @@ import torch
 
 from inference.engine.errors import ContextOverflow
 from inference.engine.model.block_pool import BlockPool, chain_keys
+from inference.engine.model.paged_attention import kernel_serves
 
 
 @dataclass(slots=True)
@@ -40,6 +41,10 @@ class CacheView:
     num_rows: int
     length: int  # keys attended over: positions [0, length) of each row
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
+    # a decode step the paged kernel serves (paged_attention.py): each row's blocks [B, nb] long (scratch-padded)
+    # and its length after this step [B] long; None otherwise
+    table: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +87,8 @@ class KVCache:
         self._positions = torch.arange(context_window, device=device)
         self._num_kv_heads = num_kv_heads
         self._gathered = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # keys, values
+        self._head_offsets = torch.arange(num_kv_heads, device=device)[:, None] * (num_blocks + 1)  # [Hkv, 1]
+        self.paged_decode = kernel_serves(self.device, dtype)  # decode views carry what the kernel reads
 
     @property
     def num_slots(self) -> int:
@@ -243,16 +250,21 @@ class KVCache:
                 write_rows += [h * per_head + base for h in heads]
         nb = -(-longest // bs)
         first = tables[0].blocks[0]
+        table = lengths = mask = None
         if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
             blocks: slice | torch.Tensor = slice(first, first + nb)
         else:
-            scratch = self.scratch
-            padded = [b for t in tables for b in (t.blocks[:nb] + [scratch] * (nb - len(t.blocks)))]
-            blocks = torch.tensor([h * (scratch + 1) + b for h in heads for b in padded], device=self.device)
+            padded = [t.blocks[:nb] + [self.scratch] * (nb - len(t.blocks)) for t in tables]
+            table = torch.tensor(padded, device=self.device)  # [B, nb]
+            blocks = (self._head_offsets + table.view(1, -1)).view(-1)  # [Hkv * B * nb]
         position_index = torch.tensor(positions, device=self.device)  # [B, S]
-        mask = None
-        if width > 1 or min(starts) != max(starts):
-            mask = (self._positions[:longest] <= position_index[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
+        if width == 1 and self.paged_decode:
+            table = table if table is not None else torch.arange(first, first + nb, device=self.device)[None]
+            lengths = position_index[:, 0] + 1
+        else:
+            table = None
+            if width > 1 or min(starts) != max(starts):
+                mask = (self._positions[:longest] <= position_index[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
         return CacheView(
             positions=position_index,
             write_rows=torch.tensor(write_rows, device=self.device),
@@ -260,18 +272,25 @@ class KVCache:
             num_rows=len(slots),
             length=longest,
             mask=mask,
+            table=table,
+            lengths=lengths,
         )
+
+    def store(self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Stores a step's new keys and values."""
+        # k, v: [B, S, Hkv, hd]
+        keys, values = self.keys[layer], self.values[layer]
+        head_dim = keys.shape[-1]
+        keys.view(-1, head_dim).index_copy_(0, view.write_rows, k.reshape(-1, head_dim).to(keys.dtype))
+        values.view(-1, head_dim).index_copy_(0, view.write_rows, v.reshape(-1, head_dim).to(values.dtype))
 
     def update(
         self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stores a step's new keys/values and returns everything the step attends over."""
+        """Stores a step's new keys/values and returns everything the step attends over (in the pool's dtype)."""
         # k, v: [B, S, Hkv, hd] -> returns keys, values: [B, Hkv, L, hd]
-        keys, values = self.keys[layer], self.values[layer]
-        head_dim = keys.shape[-1]
-        keys.view(-1, head_dim).index_copy_(0, view.write_rows, k.reshape(-1, head_dim))
-        values.view(-1, head_dim).index_copy_(0, view.write_rows, v.reshape(-1, head_dim))
-        return self._gather(keys, view, 0), self._gather(values, view, 1)
+        self.store(layer, view, k, v)
+        return self._gather(self.keys[layer], view, 0), self._gather(self.values[layer], view, 1)
 
     def _gather(self, pool: torch.Tensor, view: CacheView, buffer: int) -> torch.Tensor:
         heads, _, bs, hd = pool.shape

@@ -27,7 +27,8 @@ def pool_blocks(pool_tokens: int, block_size: int) -> int:
 class ModelRunner:
     """Runs a model's forward steps over a KV pool of `pool_tokens` positions, and never fewer than `max_concurrent`
     sequences at the full `context_window` need: the sequences the scheduler runs can always grow to the window, by
-    taking back cached blocks and idle sessions' blocks if need be (sessions.py)."""
+    taking back cached blocks and idle sessions' blocks if need be (sessions.py). The pool holds keys and values in
+    `kv_dtype` (default: the model's dtype); attention computes in the model's dtype whatever the pool's."""
 
     def __init__(
         self,
@@ -37,6 +38,7 @@ class ModelRunner:
         context_window: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
         pool_tokens: int = 0,
+        kv_dtype: torch.dtype | None = None,
     ):
         config = model.config
         self.model = model
@@ -53,7 +55,7 @@ class ModelRunner:
                 num_kv_heads=config.num_kv_heads,
                 context_window=context_window,
                 head_dim=config.head_dim,
-                dtype=model.embed.weight.dtype,
+                dtype=kv_dtype or model.embed.weight.dtype,
                 device=self.device,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one

@@ -19,6 +19,7 @@ from torch import nn
 
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.kv_cache import CacheView, KVCache
+from inference.engine.model.paged_attention import decode_attention
 from inference.engine.model.quantize import quantize_linears
 from inference.engine.model.stored_quant import KeepQuantized, keep_quantized
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
@@ -173,7 +174,13 @@ class Attention(nn.Module):
         """One group's attention: stores its new keys and values, attends over its rows' KV."""
         # q: [B, S, H, hd]; k, v: [B, S, Hkv, hd] -> [B * S, H * hd]
         batch, seq = q.shape[:2]
+        if view.table is not None:  # decode through the paged kernel: each row's KV read where it lies
+            cache.store(self.layer, view, k, v)
+            q = q.view(batch, self.num_kv_heads, -1, self.head_dim)  # [B, Hkv, H / Hkv, hd]
+            out = decode_attention(q, cache.keys[self.layer], cache.values[self.layer], view.table, view.lengths)
+            return out.to(q.dtype).view(batch, -1)
         keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a no-op unless the KV cache has a dtype of its own
         if seq == 1 and self.num_heads != self.num_kv_heads:
             # decode: each kv head's group of query heads attends as if it were that many query positions, so the
             # keys are never repeated per query head (faster than enable_gqa at one token per row)

@@ -1,0 +1,201 @@
+/* Decode attention over a paged KV pool, reading each row's keys and values where they lie (paged_attention.py).
+ *
+ * One query position per row. For each (row, kv head): the scores of its query heads against every position the
+ * row holds, a softmax, and the weighted sum of the values, reading every key and value once and writing nothing
+ * but the output. torch has no such kernel on the CPU: without it a step first copies each row's blocks into one
+ * buffer, then attends over the copy (three passes over the KV instead of one).
+ *
+ * Layouts (all contiguous): q and out [B, Hkv, G, D] float32; each pool [Hkv, pool_blocks, block_size, D] in
+ * float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the positions
+ * [0, length) each row attends to.
+ *
+ * It runs on the calling thread, with the GIL released. A second thread of its own measured slower inside a model
+ * step, not faster: the intra-op threads torch just used keep spinning on the other cores for a while
+ * (docs/kv-cache.md).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1, KV_BFLOAT16 = 2 };
+
+typedef struct {
+    float *out;
+    const float *q;
+    const void *keys;
+    const void *values;
+    const int64_t *table;
+    const int64_t *lengths;
+    int64_t rows, kv_heads, group, dim, block_size, pool_blocks, table_width;
+    float scale;
+    int kv_dtype;
+} Work;
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+/* 16-bit rows to float32: bfloat16 is the high half of a float32; float16 through F16C where the CPU has it. */
+static void bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t wide = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &wide, sizeof wide);
+    }
+}
+
+static void f16_to_f32_portable(const uint16_t *src, float *dst, int64_t n) {
+    const _Float16 *halves = (const _Float16 *)src;
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)halves[i];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    f16_to_f32_portable(src + i, dst + i, n - i);
+}
+#endif
+
+static void (*f16_to_f32)(const uint16_t *, float *, int64_t) = f16_to_f32_portable;
+
+/* A block's `held` positions as float32 rows: the pool itself for a float32 pool, else widened into `scratch`. */
+static inline const float *block_rows(const void *pool, int kv_dtype, int64_t offset, int64_t n, float *scratch) {
+    if (kv_dtype == KV_FLOAT32) return (const float *)pool + offset;
+    if (kv_dtype == KV_FLOAT16) f16_to_f32((const uint16_t *)pool + offset, scratch, n);
+    else bf16_to_f32((const uint16_t *)pool + offset, scratch, n);
+    return scratch;
+}
+
+/* Asks for the next block while this one is read: a block spans pages of its own, and the hardware prefetcher,
+ * which stops at page boundaries, would start each block with a miss to memory. */
+static inline void prefetch_block(const void *pool, int64_t offset, int64_t bytes, int64_t element) {
+    const char *at = (const char *)pool + offset * element;
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(at + o);
+}
+
+/* scores[t] = scale * q . k_t for the block's rows, four rows at a time (independent sums hide the FMA latency). */
+MULTIVERSION
+static void block_scores(const float *q, const float *k, int64_t held, int64_t dim, float scale, float *scores) {
+    int64_t t = 0;
+    for (; t + 4 <= held; t += 4) {
+        const float *k0 = k + t * dim, *k1 = k0 + dim, *k2 = k1 + dim, *k3 = k2 + dim;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int64_t d = 0; d < dim; d++) {
+            s0 += q[d] * k0[d];
+            s1 += q[d] * k1[d];
+            s2 += q[d] * k2[d];
+            s3 += q[d] * k3[d];
+        }
+        scores[t] = s0 * scale, scores[t + 1] = s1 * scale, scores[t + 2] = s2 * scale, scores[t + 3] = s3 * scale;
+    }
+    for (; t < held; t++) {
+        const float *kt = k + t * dim;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < dim; d++) s += q[d] * kt[d];
+        scores[t] = s * scale;
+    }
+}
+
+/* out += sum_t weights[t] * v_t over the block's rows, four rows per pass over `out`. */
+MULTIVERSION
+static void block_accumulate(const float *weights, const float *v, int64_t held, int64_t dim, float *out) {
+    int64_t t = 0;
+    for (; t + 4 <= held; t += 4) {
+        const float *v0 = v + t * dim, *v1 = v0 + dim, *v2 = v1 + dim, *v3 = v2 + dim;
+        const float w0 = weights[t], w1 = weights[t + 1], w2 = weights[t + 2], w3 = weights[t + 3];
+#pragma omp simd
+        for (int64_t d = 0; d < dim; d++) out[d] += w0 * v0[d] + w1 * v1[d] + w2 * v2[d] + w3 * v3[d];
+    }
+    for (; t < held; t++) {
+        const float *vt = v + t * dim, wt = weights[t];
+#pragma omp simd
+        for (int64_t d = 0; d < dim; d++) out[d] += wt * vt[d];
+    }
+}
+
+/* `scores` has room for the longest row's positions per query head, `rows` for one block as float32. */
+static void attend(const Work *w, float *scores, float *rows) {
+    const int64_t dim = w->dim, group = w->group, bs = w->block_size;
+    const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
+    for (int64_t pair = 0; pair < w->rows * w->kv_heads; pair++) {
+        const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
+        const float *q = w->q + pair * group * dim;
+        float *out = w->out + pair * group * dim;
+        const int64_t *blocks = w->table + b * w->table_width;
+        const int64_t head_base = h * w->pool_blocks * bs;
+        /* positions are walked block by block: p = start + t, t < held */
+        for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
+            const int64_t held = length - start < bs ? length - start : bs;
+            if (start + bs < length) prefetch_block(w->keys, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            const float *k = block_rows(w->keys, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
+            for (int64_t g = 0; g < group; g++)
+                block_scores(q + g * dim, k, held, dim, w->scale, scores + g * length + start);
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float *s = scores + g * length, top = -INFINITY, total = 0.0f;
+            for (int64_t p = 0; p < length; p++) top = s[p] > top ? s[p] : top;
+            for (int64_t p = 0; p < length; p++) {
+                s[p] = expf(s[p] - top);
+                total += s[p];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t p = 0; p < length; p++) s[p] *= inv;
+            memset(out + g * dim, 0, sizeof(float) * dim);
+        }
+        for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
+            const int64_t held = length - start < bs ? length - start : bs;
+            if (start + bs < length) prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            const float *v = block_rows(w->values, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
+            for (int64_t g = 0; g < group; g++)
+                block_accumulate(scores + g * length + start, v, held, dim, out + g * dim);
+        }
+    }
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    Py_ssize_t out, q, keys, values, table, lengths;
+    Work w;
+    if (!PyArg_ParseTuple(args, "nnnnnnLLLLLLLfi", &out, &q, &keys, &values, &table, &lengths, &w.rows, &w.kv_heads,
+                          &w.group, &w.dim, &w.block_size, &w.pool_blocks, &w.table_width, &w.scale, &w.kv_dtype))
+        return NULL;
+    w.out = (float *)out;
+    w.q = (const float *)q;
+    w.keys = (const void *)keys;
+    w.values = (const void *)values;
+    w.table = (const int64_t *)table;
+    w.lengths = (const int64_t *)lengths;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
+    float *scores = malloc(sizeof(float) * (size_t)(w.group * longest + w.block_size * w.dim));
+    if (scores == NULL) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS;
+    attend(&w, scores, scores + w.group * longest);
+    Py_END_ALLOW_THREADS;
+    free(scores);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", decode, METH_VARARGS,
+     "decode(out, q, keys, values, table, lengths, rows, kv_heads, group, dim, block_size, pool_blocks, table_width, "
+     "scale, kv_dtype): one decode step's attention over the paged pool (pointers as ints)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_attention", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__paged_attention(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) f16_to_f32 = f16_to_f32_f16c;
+#endif
+    return PyModule_Create(&module);
+}
