@@ -13,7 +13,7 @@ carry tokens; one token each unless the client fell behind), and the CPU seconds
 (it shares the machine's two cores with the server, as llama.cpp's reference client did).
 
 Run: .venv/bin/python bench/serve_bench.py [--models DIR] [--only stories260K,random85m-Q4_0,...] [--streams 1,8,32]
-[--rounds 2]
+[--rounds 2] [--kv-dtype float16]
 """
 
 from __future__ import annotations
@@ -178,8 +178,9 @@ class Server:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def load(url: str, admin_secret: str, path: Path, name: str, ctx_cap: int) -> None:
+def load(url: str, admin_secret: str, path: Path, name: str, ctx_cap: int, kv_dtype: str) -> None:
     body = {"path": str(path), "name": name, "max_concurrent": 32, "ctx_cap": ctx_cap, "device": "cpu"}
+    body["kv_dtype"] = kv_dtype
     headers = {"Authorization": f"Bearer {admin_secret}", "X-Pantheon-Actor": "serve_bench"}
     response = httpx.post(f"{url}/admin/models/load", json=body, headers=headers, timeout=600)
     if response.status_code != 200:
@@ -213,6 +214,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated served names: stories260K, random85m, random85m-Q8_0, ...")
     parser.add_argument("--streams", default="1,8,32", help="comma-separated client counts")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client, one after another")
+    parser.add_argument("--kv-dtype", default="", help="the load option kv_dtype (empty: the weights' dtype)")
     args = parser.parse_args()
     streams = [int(n) for n in args.streams.split(",")]
     stories_gguf = args.models / "stories260K.gguf"
@@ -240,7 +242,7 @@ def main() -> None:
             f"{'ITL p50 ms':>11} {'client cpu s':>13} {'worker MB':>10}"
         )
         for name, path, max_tokens, ctx_cap, logprobs in models:
-            load(url, secret, path, name, ctx_cap)
+            load(url, secret, path, name, ctx_cap, args.kv_dtype)
             for n in streams:
                 row = asyncio.run(run_streams(url, name, n, args.rounds, max_tokens, logprobs))
                 print(

@@ -138,14 +138,14 @@ class DecodeGraph(nn.Module):
             if attention.qk_norm is not None:
                 qk = attention.qk_norm(qk)
             q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((heads, kv_heads), dim=2)
-            out = paged_attention(q, k, v, key_pool, value_pool, write_rows, blocks, mask)
+            out = gathered_attention(q, k, v, key_pool, value_pool, write_rows, blocks, mask)
             x = x + wo(out)
             gate, up = w13(block.ffn_norm(x)).chunk(2, dim=-1)
             x = x + w2(F.silu(gate) * up)
         return self.lm_head(model.norm(x))
 
 
-def paged_attention(
+def gathered_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
