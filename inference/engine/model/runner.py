@@ -136,7 +136,9 @@ class ModelRunner:
                 select += range(start, start + len(ids)) if i in all_logits else [start + len(ids) - 1]
                 start += len(ids)
             select += range(start, start + len(decode_tokens))
-            logits = self.model(tokens, self.cache, views, select=torch.tensor(select, device=self.device)).float()
+            every = len(select) == len(tokens)  # a decode-only step (or all logits asked for): no selection
+            chosen = None if every else torch.tensor(select, device=self.device)
+            logits = self.model(tokens, self.cache, views, select=chosen).float()
             start = 0
             for i, (_, ids) in enumerate(prefills):
                 count = len(ids) if i in all_logits else 1
