@@ -15,21 +15,32 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import copy_bandwidth_gbs  # noqa: E402
 from bench.random_model import write_quantized_gguf, write_random_llama  # noqa: E402
 from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
+from inference.engine.model import transformer  # noqa: E402
 
 STEPS = 10
+PAGED_KERNEL = "paged decode attention (C kernel)"  # the kernel is no aten op: profiled as a labelled range
 GROUPS = {
     "linear": ("quantized::linear_dynamic", "mkldnn::_linear_pointwise", "aten::mm", "aten::addmm",
                "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "aten::matmul"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+                  PAGED_KERNEL),
     "kv cache": ("aten::index_select", "aten::index_copy_"),
     "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
 }  # fmt: skip
+
+
+def labelled(kernel):
+    def call(*args):
+        with record_function(PAGED_KERNEL):
+            return kernel(*args)
+
+    return call
 
 
 def group_of(op: str) -> str:
@@ -50,9 +61,13 @@ def profile_step(path: Path, batch: int, context: int) -> dict:
     for _ in range(STEPS):
         runner.decode(slots, tokens)
     wall_ms = 1000 * (time.perf_counter() - start) / STEPS
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(STEPS):
-            runner.decode(slots, tokens)
+    kernel, transformer.decode_attention = transformer.decode_attention, labelled(transformer.decode_attention)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(STEPS):
+                runner.decode(slots, tokens)
+    finally:
+        transformer.decode_attention = kernel
     groups: dict[str, float] = {}
     for event in prof.key_averages():
         groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1000 / STEPS

@@ -121,11 +121,53 @@ static void block_accumulate(const float *weights, const float *v, int64_t held,
     }
 }
 
+/* Where the keys of a (row, kv head) pair's first block start, in elements. */
+static inline int64_t first_key_block(const Work *w, int64_t pair) {
+    const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads;
+    return (h * w->pool_blocks + w->table[b * w->table_width]) * w->block_size * w->dim;
+}
+
+/* exp(x) for x <= 0 (a score less the row's largest), in a form the compiler vectorizes: libm's expf is a call per
+ * value. Cephes' single-precision polynomial after reducing x to r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp.
+ * Below -87 the result is clamped to exp(-87) (~1.6e-38): a softmax weight that small is zero at float precision. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+MULTIVERSION
+static void softmax(float *s, int64_t length) {
+    float top = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : top)
+    for (int64_t p = 0; p < length; p++) top = s[p] > top ? s[p] : top;
+#pragma omp simd reduction(+ : total)
+    for (int64_t p = 0; p < length; p++) {
+        s[p] = exp_nonpositive(s[p] - top);
+        total += s[p];
+    }
+    const float inv = 1.0f / total;
+#pragma omp simd
+    for (int64_t p = 0; p < length; p++) s[p] *= inv;
+}
+
 /* `scores` has room for the longest row's positions per query head, `rows` for one block as float32. */
 static void attend(const Work *w, float *scores, float *rows) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
     const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
-    for (int64_t pair = 0; pair < w->rows * w->kv_heads; pair++) {
+    const int64_t pairs = w->rows * w->kv_heads;
+    for (int64_t pair = 0; pair < pairs; pair++) {
         const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
         const float *q = w->q + pair * group * dim;
         float *out = w->out + pair * group * dim;
@@ -134,25 +176,24 @@ static void attend(const Work *w, float *scores, float *rows) {
         /* positions are walked block by block: p = start + t, t < held */
         for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
             const int64_t held = length - start < bs ? length - start : bs;
-            if (start + bs < length) prefetch_block(w->keys, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            if (start + bs < length)
+                prefetch_block(w->keys, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            else /* the values' first block, read next */
+                prefetch_block(w->values, (head_base + blocks[0] * bs) * dim, block_bytes, element);
             const float *k = block_rows(w->keys, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
             for (int64_t g = 0; g < group; g++)
                 block_scores(q + g * dim, k, held, dim, w->scale, scores + g * length + start);
         }
         for (int64_t g = 0; g < group; g++) {
-            float *s = scores + g * length, top = -INFINITY, total = 0.0f;
-            for (int64_t p = 0; p < length; p++) top = s[p] > top ? s[p] : top;
-            for (int64_t p = 0; p < length; p++) {
-                s[p] = expf(s[p] - top);
-                total += s[p];
-            }
-            const float inv = 1.0f / total;
-            for (int64_t p = 0; p < length; p++) s[p] *= inv;
+            softmax(scores + g * length, length);
             memset(out + g * dim, 0, sizeof(float) * dim);
         }
         for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
             const int64_t held = length - start < bs ? length - start : bs;
-            if (start + bs < length) prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            if (start + bs < length)
+                prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            else if (pair + 1 < pairs) /* the next pair's first key block */
+                prefetch_block(w->keys, first_key_block(w, pair + 1), block_bytes, element);
             const float *v = block_rows(w->values, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
             for (int64_t g = 0; g < group; g++)
                 block_accumulate(scores + g * length + start, v, held, dim, out + g * dim);

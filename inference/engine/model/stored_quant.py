@@ -30,9 +30,10 @@ MIN_QUANTIZED_ELEMENTS = 1 << 18
 
 
 def int4_kernel_is_fast() -> bool:
-    """Whether torch's 4-bit kernel beats fbgemm's int8 one here: on a CPU with AMX tiles (Sapphire Rapids: 4.5 against
-    11-13 ms for the 85M step) but not on AVX-512 BF16 alone (Zen 4: 114 against 46 µs for a 768x4096 layer at one
-    row, and further behind with more rows; docs/quantized-weights.md)."""
+    """Whether torch's 4-bit kernel beats fbgemm's int8 one here for the batches a server runs: on a CPU with AMX tiles
+    (Sapphire Rapids: 4.5 against 11-13 ms for the 85M step at one row) but not on AVX-512 BF16 alone (Zen 4: faster
+    at one row, 7.3 against 9.8 ms, slower from a few rows on, 17.4 against 13.3 ms at eight;
+    docs/quantized-weights.md)."""
     return torch.cpu._is_amx_tile_supported()
 
 
