@@ -36,6 +36,7 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
         "reasoning_budget": 0,
         "quantize": False,
         "dtype": "",
+        "kv_dtype": "",
         "pooling": "mean",
         "compile": False,
     }
