@@ -59,6 +59,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
         return self.temperature <= 0
 
 
+# A tensor dtype a load may ask for, by torch's name; empty: chosen automatically (LoadOptions says how, per field).
+DtypeName = Literal["", "float32", "bfloat16", "float16"]
+
+
 class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """What an operator may ask of a load: the one schema behind the load route's body, the catalogue's defaults,
     `manage.py load_model`'s flags and the worker's LOAD. 0 means the default (for reasoning_budget: unbounded);
@@ -71,14 +75,14 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     reasoning_budget: Annotated[int, Meta(description="think tokens before </think> is forced (0: unbounded)")] = 0
     quantize: Annotated[bool, Meta(description="int8-quantize the linear layers at load")] = False
     dtype: Annotated[
-        Literal["", "float32", "bfloat16", "float16"],
+        DtypeName,
         Meta(
             description="the weights' dtype (empty: float32 on CPU, where a GGUF file's quantized layers stay "
             "quantized, and bfloat16 on CUDA; float32 expands them exactly)"
         ),
     ] = ""
     kv_dtype: Annotated[
-        Literal["", "float32", "bfloat16", "float16"],
+        DtypeName,
         Meta(
             description="the KV cache's dtype (empty: the weights'); 16 bits hold twice the tokens in the same "
             "memory and halve what a decode step reads, at a small cost in exactness (docs/kv-cache.md)"
