@@ -9,13 +9,15 @@
  * float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the positions
  * [0, length) each row attends to.
  *
- * It runs on the calling thread, with the GIL released. A second thread of its own measured slower inside a model
- * step, not faster: the intra-op threads torch just used keep spinning on the other cores for a while
- * (docs/kv-cache.md).
+ * The (row, kv head) pairs are shared among OpenMP threads, with the GIL released. The extension links libgomp.so.1
+ * by that name, which torch has already loaded (the wrapper imports torch first), so its threads are torch's own
+ * intra-op threads: a pool of the kernel's own would wait on torch's threads, which spin on the cores for a while
+ * after each op (docs/kv-cache.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,12 +164,12 @@ static void softmax(float *s, int64_t length) {
     for (int64_t p = 0; p < length; p++) s[p] *= inv;
 }
 
-/* `scores` has room for the longest row's positions per query head, `rows` for one block as float32. */
-static void attend(const Work *w, float *scores, float *rows) {
+/* Pairs [first, last) of the step. `scores` has room for the longest row's positions per query head, `rows` for one
+ * block as float32. */
+static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
     const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
-    const int64_t pairs = w->rows * w->kv_heads;
-    for (int64_t pair = 0; pair < pairs; pair++) {
+    for (int64_t pair = first; pair < last; pair++) {
         const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
         const float *q = w->q + pair * group * dim;
         float *out = w->out + pair * group * dim;
@@ -192,7 +194,7 @@ static void attend(const Work *w, float *scores, float *rows) {
             const int64_t held = length - start < bs ? length - start : bs;
             if (start + bs < length)
                 prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
-            else if (pair + 1 < pairs) /* the next pair's first key block */
+            else if (pair + 1 < last) /* the next pair's first key block */
                 prefetch_block(w->keys, first_key_block(w, pair + 1), block_bytes, element);
             const float *v = block_rows(w->values, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
             for (int64_t g = 0; g < group; g++)
@@ -215,10 +217,18 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     w.lengths = (const int64_t *)lengths;
     int64_t longest = 0;
     for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
-    float *scores = malloc(sizeof(float) * (size_t)(w.group * longest + w.block_size * w.dim));
+    const int64_t pairs = w.rows * w.kv_heads, scratch = w.group * longest + w.block_size * w.dim;
+    const int threads = pairs < omp_get_max_threads() ? (int)pairs : omp_get_max_threads();
+    float *scores = malloc(sizeof(float) * (size_t)(scratch * (threads > 0 ? threads : 1)));
     if (scores == NULL) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS;
-    attend(&w, scores, scores + w.group * longest);
+#pragma omp parallel num_threads(threads)
+    {
+        /* contiguous shares, so each thread's prefetch of its next pair stays its own */
+        const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+        float *mine = scores + t * scratch;
+        attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, mine + w.group * longest);
+    }
     Py_END_ALLOW_THREADS;
     free(scores);
     Py_RETURN_NONE;
