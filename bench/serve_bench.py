@@ -12,8 +12,12 @@ rounds), median and p99 time to first token, median inter-token latency (the gap
 carry tokens; one token each unless the client fell behind), and the CPU seconds the client used
 (it shares the machine's two cores with the server, as llama.cpp's reference client did).
 
+With --openai URL it drives another OpenAI-compatible server instead (a side-by-side reference run on the same GGUF
+file), which serves the one model --only names; nothing is loaded, and --pid names the process whose resident memory
+is reported.
+
 Run: .venv/bin/python bench/serve_bench.py [--models DIR] [--only stories260K,random85m-Q4_0,...] [--streams 1,8,32]
-[--rounds 2] [--kv-dtype float16]
+[--rounds 2] [--kv-dtype float16] [--openai URL --pid PID]
 """
 
 from __future__ import annotations
@@ -204,6 +208,30 @@ def worker_rss_mb(server: Server | None) -> float:
     return float("nan")
 
 
+def rss_mb(pid: int | None) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20 if pid else float("nan")
+
+
+def print_rows(url: str, models: list, streams: list[int], rounds: int, memory_mb) -> None:
+    """Runs each model at each client count against a server that serves it, printing a row per run."""
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; server {url}")
+    print(
+        f"{'model':<12} {'N':>3} {'reqs':>5} {'tokens':>7} {'tok/s':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
+        f"{'ITL p50 ms':>11} {'client cpu s':>13} {'worker MB':>10}"
+    )
+    for name, _, max_tokens, _, logprobs in models:
+        for n in streams:
+            row = asyncio.run(run_streams(url, name, n, rounds, max_tokens, logprobs))
+            print(
+                f"{name:<12} {n:>3} {row['requests']:>5} {row['tokens']:>7} {row['tok_s']:>8.1f} "
+                f"{row['ttft_median_ms']:>12.1f} {row['ttft_p99_ms']:>12.1f} {row['itl_median_ms']:>11.2f} "
+                f"{row['client_cpu_s']:>13.2f} {memory_mb():>10.0f}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -215,6 +243,8 @@ def main() -> None:
     parser.add_argument("--streams", default="1,8,32", help="comma-separated client counts")
     parser.add_argument("--rounds", type=int, default=2, help="requests per client, one after another")
     parser.add_argument("--kv-dtype", default="", help="the load option kv_dtype (empty: the weights' dtype)")
+    parser.add_argument("--openai", help="another OpenAI-compatible server, serving the one model --only names")
+    parser.add_argument("--pid", type=int, help="with --openai: the process whose resident memory is reported")
     args = parser.parse_args()
     streams = [int(n) for n in args.streams.split(",")]
     stories_gguf = args.models / "stories260K.gguf"
@@ -229,6 +259,11 @@ def main() -> None:
     if args.only:
         models = [m for m in models if m[0] in args.only.split(",")]
 
+    if args.openai:
+        if len(models) != 1:
+            parser.error("--openai serves one model: name it with --only")
+        print_rows(args.openai.rstrip("/"), models, streams, args.rounds, lambda: rss_mb(args.pid))
+        return
     server = None
     if args.url:
         url, secret = args.url.rstrip("/"), args.admin_secret or ""
@@ -236,21 +271,10 @@ def main() -> None:
         server = Server({})
         url, secret = server.url, server.admin_secret
     try:
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus; server {url}")
-        print(
-            f"{'model':<12} {'N':>3} {'reqs':>5} {'tokens':>7} {'tok/s':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
-            f"{'ITL p50 ms':>11} {'client cpu s':>13} {'worker MB':>10}"
-        )
-        for name, path, max_tokens, ctx_cap, logprobs in models:
+        for model in models:
+            name, path, _, ctx_cap, _ = model
             load(url, secret, path, name, ctx_cap, args.kv_dtype)
-            for n in streams:
-                row = asyncio.run(run_streams(url, name, n, args.rounds, max_tokens, logprobs))
-                print(
-                    f"{name:<12} {n:>3} {row['requests']:>5} {row['tokens']:>7} {row['tok_s']:>8.1f} "
-                    f"{row['ttft_median_ms']:>12.1f} {row['ttft_p99_ms']:>12.1f} {row['itl_median_ms']:>11.2f} "
-                    f"{row['client_cpu_s']:>13.2f} {worker_rss_mb(server):>10.0f}",
-                    flush=True,
-                )
+            print_rows(url, [model], streams, args.rounds, lambda: worker_rss_mb(server))
             unload(url, secret, name)
     finally:
         if server:

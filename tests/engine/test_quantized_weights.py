@@ -14,10 +14,11 @@ from gguf import GGMLQuantizationType as Q
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
+from inference.engine.model.block_quant import Q4_0Linear
 from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
 from inference.engine.model.quantize import DynamicInt8Linear
 from inference.engine.model.runner import ModelRunner
-from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized, int4_kernel_is_fast
+from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import Transformer
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
@@ -37,11 +38,13 @@ VOCAB_ROWS = ("token_embd.weight", "output.weight")
 WIDE_MATRICES = {name: (512 if name in VOCAB_ROWS else 2 * rows, 2 * cols) for name, (rows, cols) in MATRICES.items()}
 WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
-# max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. int4: the
-# bfloat16 rounding of activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the
-# weights requantized per output channel and the activations per call (7 bits on a CPU without VNNI,
-# model/quantize.py). docs/quantized-weights.md lists what was measured.
+# max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0: the
+# file's blocks, activations quantized to 8 bits per 32 values (model/block_quant.py); int4: the bfloat16 rounding
+# of activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per
+# output channel and the activations per call (7 bits on a CPU without VNNI, model/quantize.py).
+# docs/quantized-weights.md lists what was measured.
 TOLERANCE = {
+    ("q4_0", "Q4_0"): 0.02,
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
     ("int8", "Q4_0"): 0.1,
@@ -50,7 +53,7 @@ TOLERANCE = {
     ("int8", "Q6_K"): 0.2,
     ("int8", "Q8_0"): 0.1,
 }
-LAYER_CLASS = {"int4": Int4Linear, "int8": DynamicInt8Linear}
+LAYER_CLASS = {"q4_0": Q4_0Linear, "int4": Int4Linear, "int8": DynamicInt8Linear}
 
 
 def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
@@ -58,9 +61,10 @@ def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
     return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
 
 
-def _keep(path: Path, *, int4_kernel: bool) -> KeepQuantized:
+def _keep(path: Path, form: str) -> KeepQuantized:
+    """What keeps the stored types quantized in `form` ("q4_0", "int4" or "int8") on any CPU."""
     stored = {n: t for n, t in read_gguf(path).tensor_types.items() if t in QUANTIZED_TYPES}
-    return KeepQuantized(stored, int4_kernel=int4_kernel)
+    return KeepQuantized(stored, block_kernel=form == "q4_0", int4_kernel=form == "int4")
 
 
 def _logits(model: Transformer) -> list[torch.Tensor]:
@@ -105,17 +109,17 @@ def write_wide_gguf(
 @pytest.mark.parametrize(("form", "qtype"), list(TOLERANCE), ids=lambda v: v if isinstance(v, str) else v.name)
 def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form: str, qtype: str):
     path = write_wide_gguf(tmp_path, Q[qtype])
-    reference, kept = _model(path), _model(path, _keep(path, int4_kernel=form == "int4"))
+    reference, kept = _model(path), _model(path, _keep(path, form))
     layers = [m for m in kept.modules() if isinstance(m, LAYER_CLASS[form])]
     assert len(layers) == 5  # wqkv, wo, w13, w2 and the output head
-    assert weight_bytes(kept) < (0.5 if form == "int4" else 0.6) * weight_bytes(reference)
+    assert weight_bytes(kept) < (0.6 if form == "int8" else 0.5) * weight_bytes(reference)
     for got, want in zip(_logits(kept), _logits(reference), strict=True):
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
 
 
 def test_float_tensors_compute_as_before(tmp_path: Path):
     path = write_wide_gguf(tmp_path, Q.F32)
-    model = _model(path, _keep(path, int4_kernel=True))
+    model = _model(path, _keep(path, "q4_0"))
     assert linear_formats(model) == {"float32": 5}
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
         assert torch.equal(got, want)
@@ -125,7 +129,7 @@ def test_layers_that_fit_in_cache_stay_float(tmp_path: Path):
     narrow = CONFIG | {"vocab_size": 256}  # every layer, the output head too, under MIN_QUANTIZED_ELEMENTS
     matrices = {name: (shape[0] // 2, shape[1] // 2) for name, shape in WIDE_MATRICES.items()}
     path = write_wide_gguf(tmp_path, Q.Q8_0, narrow, matrices, {n: (256,) for n in WIDE_NORMS})
-    model = _model(path, _keep(path, int4_kernel=False))
+    model = _model(path, _keep(path, "q4_0"))
     assert linear_formats(model) == {"float32": 5}
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
         assert torch.equal(got, want)
@@ -144,7 +148,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)
-    expected = "int4" if int4_kernel_is_fast() and qtype == Q.Q4_0 else "int8"
+    expected = "q4_0" if qtype == Q.Q4_0 else "int8"
     assert linear_formats(automatic.runner.model) == {expected: 5}
     assert linear_formats(load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model) == {
         "float32": 5

@@ -1,12 +1,16 @@
 """Which in-memory form a linear layer takes when its checkpoint stores it quantized (GGUF Q4_0, Q4_K, Q5_K, Q6_K,
-Q8_0), on CPU with dtype left automatic: 4-bit codes (model/int4.py), int8 (model/quantize.py's fbgemm layer), or
-float32 as the file expands to.
+Q8_0), on CPU with dtype left automatic: the file's own Q4_0 blocks (model/block_quant.py), 4-bit codes for torch's
+int4 kernel (model/int4.py), int8 per output channel (model/quantize.py's fbgemm layer), or float32 as the file
+expands to.
 
-The choice is by what measured fastest (docs/quantized-weights.md has the figures):
+The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
-  of an int8 call (quantizing its activations) is several times a small float GEMM's.
-- Where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes: torch's int4 kernel runs on
-  them there and reads half the bytes of int8.
+  of a quantized call (quantizing its activations) is several times a small float GEMM's.
+- A layer made only of Q4_0 tensors keeps the file's blocks where the block kernel is built: the file's exact
+  weights in fewer bytes than int8, faster than int8 for one to eight rows on AVX-512 VNNI (slower for a few dozen
+  rows and for prompt chunks; docs/quantized-weights.md).
+- Otherwise, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for torch's int4
+  kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
   and on AVX-512 without AMX (Zen 4) it is faster than the int4 kernel at every batch size, and than float32,
   bfloat16 or fp16 weights.
@@ -20,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from inference.engine.model import block_quant
+from inference.engine.model.block_quant import Q4_0Linear, fits_blocks
 from inference.engine.model.int4 import Int4Linear, fits_int4
 from inference.engine.model.quantize import DynamicInt8Linear
 
@@ -40,20 +46,32 @@ def int4_kernel_is_fast() -> bool:
 @dataclass(frozen=True)
 class KeepQuantized:
     """What a load keeps quantized: `stored_types` maps the Hugging Face names of the checkpoint's quantized tensors
-    to their GGUF type; `int4_kernel` and `min_elements` default to this CPU's choice."""
+    to their GGUF type; `block_kernel`, `int4_kernel` and `min_elements` default to this build's and this CPU's
+    choice."""
 
     stored_types: Mapping[str, str]
+    block_kernel: bool = block_quant.KERNEL is not None
     int4_kernel: bool = field(default_factory=int4_kernel_is_fast)
     min_elements: int = MIN_QUANTIZED_ELEMENTS
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "int4", "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
+        """ "q4_0", "int4", "int8", or None (stays float) for a linear layer fused from the tensors
+        `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
+        if self.block_kernel and all(t == "Q4_0" for t in types) and fits_blocks(linear):
+            return "q4_0"
         if self.int4_kernel and all(t in FOUR_BIT_TYPES for t in types) and fits_int4(linear):
             return "int4"
         return "int8"
+
+
+LAYERS = {
+    "q4_0": Q4_0Linear,
+    "int4": Int4Linear,
+    "int8": DynamicInt8Linear,
+}
 
 
 def keep_quantized(model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized) -> None:
@@ -65,5 +83,5 @@ def keep_quantized(model: nn.Module, sources: dict[str, list[str]], keep: KeepQu
         form = keep.form(module, sources[qualified])
         if form is not None:
             parent_name, _, child = qualified.rpartition(".")
-            layer = Int4Linear(module) if form == "int4" else DynamicInt8Linear(module)
+            layer = LAYERS[form](module)
             setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)

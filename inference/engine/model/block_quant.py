@@ -1,0 +1,108 @@
+"""Linear layers that keep a GGUF Q4_0 file's blocks in memory (CPU): 4-bit codes with a scale per 32 input values,
+multiplied by the C kernel `_block_matmul.c`.
+
+Re-encoding the file's float32 expansion with GGUF's Q4_0 rule gives back the file's codes and scales exactly (a
+block's value of largest magnitude is code 0 times its scale, so the scale is found again, and every value divides
+to its code), so these layers compute with the file's own weights: half the bytes of int8 per output channel, and
+none of its requantization error. Each call quantizes the activations to 8 bits per block of 32 values of a row,
+as llama.cpp does for Q4_0; docs/quantized-weights.md has the error this gives against the float32 expansion, and
+the speed against the int8 form.
+
+The kernel is optional like the attention one (paged_attention.py): without a C compiler `KERNEL` is None and Q4_0
+layers take another form (stored_quant.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+try:
+    from inference.engine.model import _block_matmul
+except ImportError:  # built without a C compiler
+    _block_matmul = None
+
+KERNEL = _block_matmul
+BLOCK = 32
+SUPER = 8 * BLOCK  # the kernel's unit along the input features
+
+
+def fits_blocks(linear: nn.Linear) -> bool:
+    return linear.weight.shape[1] % SUPER == 0
+
+
+def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF's Q4_0 rule for each block of 32 values of a float weight [out, in], in the kernel's layout
+    (`_block_matmul.c`): codes uint8 [out, in / 2] (value + 8, two to a byte) and float32 scales [out, in / 32]."""
+    out_features, in_features = weight.shape
+    blocks = weight.float().reshape(out_features, in_features // BLOCK, BLOCK)
+    # the value of largest magnitude, with its sign, is code 0: scale = it / -8
+    extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+    scale = extreme / -8
+    divisor = torch.where(scale != 0, scale, 1.0)[..., None]
+    codes = _interleave(torch.clamp(torch.trunc(blocks / divisor + 8.5), 0, 15).to(torch.uint8))
+    packed = codes[:, :, :4] | (codes[:, :, 4:] << 4)  # vectors g and g + 4 share bytes
+    return packed.reshape(out_features, in_features // 2), scale
+
+
+def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that codes and scales stand for."""
+    return (_values(codes).float() * scales[..., None]).reshape(codes.shape[0], -1)
+
+
+def block_sums(codes: torch.Tensor) -> torch.Tensor:
+    """Each block's sum of its values, int16 [out, in / 32]: the VNNI kernel multiplies activations + 128 and takes
+    128 times this off again."""
+    return _values(codes).sum(dim=-1, dtype=torch.int16)
+
+
+def _values(codes: torch.Tensor) -> torch.Tensor:
+    """Signed int8 values [out, blocks, 32] of codes in the kernel's layout."""
+    packed = codes.reshape(codes.shape[0], -1, 4, BLOCK)
+    return _deinterleave(torch.cat([packed & 0x0F, packed >> 4], dim=2)).to(torch.int8) - 8
+
+
+def _interleave(codes: torch.Tensor) -> torch.Tensor:
+    """[out, blocks, 32] in block order -> [out, super-blocks, 8 vectors, 32 bytes]: vector g holds values 4g .. 4g + 3
+    of each of a super-block's 8 blocks."""
+    out_features = codes.shape[0]
+    by_block = codes.reshape(out_features, -1, 8, 8, 4)  # [out, super, block j, vector g, value v]
+    return by_block.transpose(2, 3).reshape(out_features, -1, 8, BLOCK)
+
+
+def _deinterleave(vectors: torch.Tensor) -> torch.Tensor:
+    """_interleave's inverse: [out, super-blocks, 8, 32] -> [out, blocks, 32]."""
+    out_features = vectors.shape[0]
+    return vectors.reshape(out_features, -1, 8, 8, 4).transpose(2, 3).reshape(out_features, -1, BLOCK)
+
+
+class Q4_0Linear(nn.Module):
+    """A linear layer whose weight is Q4_0 blocks (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        codes, scales = encode_q4_0(linear.weight.detach())
+        self.out_features, self.in_features = linear.weight.shape
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.register_buffer("sums", block_sums(codes))
+        self.bias = linear.bias
+        held = (codes, scales, self.sums) + (() if self.bias is None else (self.bias,))
+        self.weight_nbytes = sum(t.numel() * t.element_size() for t in held)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        KERNEL.matmul(
+            out.data_ptr(),
+            rows.data_ptr(),
+            self.codes.data_ptr(),
+            self.scales.data_ptr(),
+            self.sums.data_ptr(),
+            rows.shape[0],
+            self.out_features,
+            self.in_features,
+        )
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
