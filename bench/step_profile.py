@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -21,13 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import copy_bandwidth_gbs  # noqa: E402
 from bench.random_model import write_quantized_gguf, write_random_llama  # noqa: E402
 from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
-from inference.engine.model import transformer  # noqa: E402
+from inference.engine.model import block_quant, transformer  # noqa: E402
 
 STEPS = 10
-PAGED_KERNEL = "paged decode attention (C kernel)"  # the kernel is no aten op: profiled as a labelled range
+# The C kernels are no aten ops: each is profiled as a labelled range.
+PAGED_KERNEL = "paged decode attention (C kernel)"
+Q4_0_KERNEL = "Q4_0 matmul (C kernel)"
 GROUPS = {
     "linear": ("quantized::linear_dynamic", "mkldnn::_linear_pointwise", "aten::mm", "aten::addmm",
-               "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "aten::matmul"),
+               "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "aten::matmul", Q4_0_KERNEL),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
                   PAGED_KERNEL),
     "kv cache": ("aten::index_select", "aten::index_copy_"),
@@ -35,9 +38,9 @@ GROUPS = {
 }  # fmt: skip
 
 
-def labelled(kernel):
+def labelled(kernel, label: str):
     def call(*args):
-        with record_function(PAGED_KERNEL):
+        with record_function(label):
             return kernel(*args)
 
     return call
@@ -61,13 +64,17 @@ def profile_step(path: Path, batch: int, context: int) -> dict:
     for _ in range(STEPS):
         runner.decode(slots, tokens)
     wall_ms = 1000 * (time.perf_counter() - start) / STEPS
-    kernel, transformer.decode_attention = transformer.decode_attention, labelled(transformer.decode_attention)
+    kernel = transformer.decode_attention
+    transformer.decode_attention = labelled(kernel, PAGED_KERNEL)
+    q4_0 = block_quant.KERNEL
+    if q4_0 is not None:
+        block_quant.KERNEL = SimpleNamespace(matmul=labelled(q4_0.matmul, Q4_0_KERNEL))
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(STEPS):
                 runner.decode(slots, tokens)
     finally:
-        transformer.decode_attention = kernel
+        transformer.decode_attention, block_quant.KERNEL = kernel, q4_0
     groups: dict[str, float] = {}
     for event in prof.key_averages():
         groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1000 / STEPS

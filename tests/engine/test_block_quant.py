@@ -25,7 +25,7 @@ def test_a_q4_0_files_blocks_are_found_again_exactly():
     weight, file_scales = _q4_0_file_values(np.random.default_rng(0), 48, 512)
     codes, scales = encode_q4_0(weight)
     assert codes.dtype == torch.uint8 and codes.shape == (48, 256)
-    assert np.array_equal(scales.numpy(), file_scales)
+    assert scales.dtype == torch.float16 and np.array_equal(scales.float().numpy(), file_scales)
     assert torch.equal(decode_q4_0(codes, scales), weight)
 
 
@@ -38,10 +38,23 @@ def _reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (quantized.double() @ weight.double().T).float()
 
 
+def kernels() -> list[str]:
+    assert KERNEL is not None, "the C extension was not built"
+    return KERNEL.available()
+
+
+@pytest.fixture(params=kernels())
+def kernel(request):
+    """Each implementation this CPU can run (VNNI, AVX2, portable C) in turn."""
+    chosen = KERNEL.kernel_name()
+    KERNEL.select(request.param)
+    yield request.param
+    KERNEL.select(chosen)
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("out_features", [6, 8, 13])
-def test_the_kernel_computes_the_quantized_product(rows: int, out_features: int):
-    assert KERNEL is not None, "the C extension was not built"
+def test_the_kernel_computes_the_quantized_product(kernel: str, rows: int, out_features: int):
     torch.manual_seed(rows * 100 + out_features)
     weight, _ = _q4_0_file_values(np.random.default_rng(out_features), out_features, 768)
     linear = nn.Linear(768, out_features, bias=True)

@@ -1,26 +1,27 @@
 /* Matmul of float32 activations with Q4_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
  *
- * The weights keep a GGUF Q4_0 file's blocks: one float32 scale per 32 input values and 4-bit codes, two to a byte,
- * stored value + 8. Each call quantizes the activations to 8 bits with one scale per 32 values of a row, and a
- * block's product is an exact int32 sum of 32 products, scaled by the two blocks' scales, as llama.cpp's Q4_0 dot
- * products work. torch has no CPU kernel for per-block scales: its int8 kernels scale per output channel (several
- * times the error, twice the bytes) and its int4 one is slow without AMX.
+ * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
+ * 4-bit codes c (value = (c - 8) * d), two to a byte. Each call quantizes the activations to 8 bits with one scale
+ * per 32 values of a row, and a block's product is an exact integer sum scaled by the two blocks' scales, as
+ * llama.cpp's Q4_0 dot products work. torch has no CPU kernel for per-block scales: its int8 kernels scale per
+ * output channel (several times the error, twice the bytes) and its int4 one is slow without AMX.
+ *
+ * The integer sum of a block is sum(c * x) - 8 * sum(x): the codes, 0..15, are the unsigned operand of the byte
+ * multiply-add instructions (VNNI's vpdpbusd where the CPU has AVX-512 VNNI, AVX2's vpmaddubsw elsewhere, whose
+ * pair sums stay under 15 * 127 * 2), and 8 * sum(x) is counted once per activation block when x is quantized.
+ * Without AVX2, plain C.
  *
  * Layout: a row's K values are cut into super-blocks of 8 blocks (256 values), and a super-block's codes are seen as
  * 8 vectors of 32 bytes, vector g holding values 4g .. 4g + 3 of each of the 8 blocks (block j in bytes
- * 4j .. 4j + 3). An int32 multiply-add of 4 byte pairs per lane then builds all 8 blocks' sums at once, lane j
- * block j's, and the float work (convert, scale, add) is done once per 8 blocks instead of once per block. The
- * weights pack vectors g and g + 4 into one: g's in the low nibbles, g + 4's in the high ones. The activations'
- * 8-bit codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
+ * 4j .. 4j + 3). A multiply-add of 4 byte pairs per int32 lane then builds all 8 blocks' sums at once, lane j block
+ * j's, and the float work (convert, scale, add) is done once per 8 blocks instead of once per block. The weights
+ * pack vectors g and g + 4 into 32 bytes: g's in the low nibbles, g + 4's in the high ones. The activations' 8-bit
+ * codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
  *
  * Output rows are split in contiguous shares among OpenMP threads, with the GIL released; the extension links
  * libgomp.so.1 by that name, which torch has already loaded, so the threads are torch's own (_paged_attention.c
  * says why that matters). Each thread walks its weight rows in tiles of 2 or 4, and each tile every activation
  * row in groups of four, so a weight vector is read from memory once per call and reused from registers.
- *
- * The products use VNNI (vpdpbusd, unsigned by signed bytes) where the CPU has AVX-512 VNNI: x + 128 times w, less
- * 128 times each block's stored sum of w. With AVX2 alone: |w| times x carrying w's sign (pair sums under 2^15).
- * Without AVX2, plain C.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,180 +36,187 @@
 #define ROWS_PER_TILE 4
 
 typedef struct {
-    float *out;           /* [M, N] */
-    const int8_t *xq;     /* [M, K] activation codes, interleaved */
-    const float *xd;      /* [M, K/32] activation scales */
-    const uint8_t *codes; /* uint8 [N, K/2], interleaved */
-    const float *wd;      /* [N, K/32] weight scales */
-    const int16_t *wsum;  /* [N, K/32] each weight block's sum of values */
+    float *out;            /* [M, N] */
+    const int8_t *xq;      /* [M, K] activation codes, interleaved */
+    const float *xd;       /* [M, K/32] activation scales */
+    const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
+    const uint8_t *codes;  /* uint8 [N, K/2], interleaved */
+    const uint16_t *wd;    /* [N, K/32] weight scales, float16 */
     int64_t m, n, k;
 } Matmul;
 
-/* Where value i of a super-block lies in its interleaved layout. */
-static inline int interleaved(int i) { return (i % BLOCK / 4) * BLOCK + (i / BLOCK) * 4 + i % 4; }
-
-/* One row of activations: codes = round(x / d) with d = max |x| / 127 per block of 32, interleaved. */
-static void quantize_row(const float *x, int64_t k, int8_t *q, float *d) {
+/* One row of activations: codes = round(x / d) with d = max |x| / 127 per block of 32 (ties to even, as the vector
+ * conversion rounds), interleaved, and 8 times each block's sum of codes. */
+static void quantize_row_portable(const float *x, int64_t k, int8_t *q, float *d, int32_t *sum8) {
     for (int64_t b = 0; b < k / BLOCK; b++) {
         const float *xb = x + b * BLOCK;
         float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
         for (int i = 0; i < BLOCK; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int8_t *super = q + b / 8 * SUPER;
-        const int first = (int)(b % 8) * BLOCK;
-        for (int i = 0; i < BLOCK; i++) super[interleaved(first + i)] = (int8_t)lrintf(xb[i] * inv);
+        int8_t *super = q + b / 8 * SUPER + (b % 8) * 4; /* block j's 4-value groups: bytes 4j + 32g */
+        int32_t total = 0;
+        for (int i = 0; i < BLOCK; i++) {
+            const int8_t code = (int8_t)nearbyintf(xb[i] * inv);
+            super[i / 4 * BLOCK + i % 4] = code;
+            total += code;
+        }
         d[b] = amax / 127.0f;
+        sum8[b] = 8 * total;
     }
 }
 
-/* Vector g (32 bytes) of super-block s of weight row n, as int8: byte 4j + v is value 4g + v of block j. */
-static inline void weight_vector_portable(const Matmul *mm, int64_t n, int64_t s, int g, int8_t *w) {
-    const uint8_t *packed = mm->codes + n * (mm->k / 2) + s * (SUPER / 2) + (g % 4) * BLOCK;
-    for (int p = 0; p < BLOCK; p++) w[p] = (int8_t)((g < 4 ? packed[p] & 0x0F : packed[p] >> 4) - 8);
-}
+static float f16_to_f32(uint16_t h) { return (float)*(const _Float16 *)&h; }
 
 static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_last) {
     const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;
-    int8_t w[BLOCK];
     for (int64_t n = n_first; n < n_last; n++) {
         for (int64_t m = 0; m < mm->m; m++) {
             float total = 0.0f;
             for (int64_t s = 0; s < supers; s++) {
-                int32_t sums[8] = {0};
-                for (int g = 0; g < 8; g++) {
-                    weight_vector_portable(mm, n, s, g, w);
-                    const int8_t *x = mm->xq + m * mm->k + s * SUPER + g * BLOCK;
-                    for (int p = 0; p < BLOCK; p++) sums[p / 4] += (int32_t)w[p] * (int32_t)x[p];
-                }
+                int32_t sums[8];
+                for (int j = 0; j < 8; j++) sums[j] = -mm->xsum8[m * blocks + s * 8 + j];
+                const uint8_t *packed = mm->codes + n * (mm->k / 2) + s * (SUPER / 2);
+                const int8_t *x = mm->xq + m * mm->k + s * SUPER;
+                for (int g = 0; g < 8; g++)
+                    for (int p = 0; p < BLOCK; p++) {
+                        const uint8_t byte = packed[(g % 4) * BLOCK + p];
+                        sums[p / 4] += (g < 4 ? byte & 0x0F : byte >> 4) * x[g * BLOCK + p];
+                    }
                 for (int j = 0; j < 8; j++)
-                    total += (float)sums[j] * (mm->wd[n * blocks + s * 8 + j] * mm->xd[m * blocks + s * 8 + j]);
+                    total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * mm->xd[m * blocks + s * 8 + j]);
             }
             mm->out[m * mm->n + n] = total;
         }
     }
 }
 
+static void (*quantize_row)(const float *, int64_t, int8_t *, float *, int32_t *) = quantize_row_portable;
 static void (*matmul_rows)(const Matmul *, int64_t, int64_t) = matmul_rows_portable;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-#define AVX2 "avx2,fma"
-#define VNNI "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni"
+#define AVX2 "avx2,fma,f16c"
+#define VNNI "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 
-__attribute__((target(AVX2), always_inline)) static inline float sum8(__m256 v) {
+__attribute__((target(AVX2))) static void quantize_row_avx2(const float *x, int64_t k, int8_t *q, float *d,
+                                                            int32_t *sum8) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        const float *xb = x + b * BLOCK;
+        __m256 v[4], top = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            top = _mm256_max_ps(top, _mm256_andnot_ps(sign_bit, v[i]));
+        }
+        __m128 half = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i32[4];
+        for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)); /* nearest, ties even */
+        __m256i total = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+        __m128i total4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        total4 = _mm_hadd_epi32(total4, total4);
+        /* the packs interleave 128-bit lanes; the permute puts the 32 codes back in order, 4 to a dword */
+        const __m256i codes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        int32_t dwords[8];
+        _mm256_storeu_si256((__m256i *)dwords, codes);
+        int8_t *super = q + b / 8 * SUPER + (b % 8) * 4; /* dword g (values 4g .. 4g + 3) to byte 32g + 4j */
+        for (int g = 0; g < 8; g++) memcpy(super + g * BLOCK, &dwords[g], 4);
+        d[b] = amax / 127.0f;
+        sum8[b] = 8 * (_mm_cvtsi128_si32(total4) + _mm_extract_epi32(total4, 1));
+    }
+}
+
+__attribute__((target(AVX2), always_inline)) static inline float sum8_ps(__m256 v) {
     __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     half = _mm_add_ps(half, _mm_movehl_ps(half, half));
     return _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
 }
 
-/* Vector g of super-block s of weight row n, as int8. */
-#define WEIGHT_VECTOR(TARGET, SUFFIX)                                                                              \
-    __attribute__((target(TARGET), always_inline)) static inline __m256i weight_vector_##SUFFIX(                   \
-        const Matmul *mm, int64_t n, int64_t s, int g) {                                                           \
-        const __m256i packed =                                                                                     \
-            _mm256_loadu_si256((const __m256i *)(mm->codes + n * (mm->k / 2) + s * (SUPER / 2)) + g % 4);          \
-        const __m256i nibbles = g < 4 ? packed : _mm256_srli_epi16(packed, 4);                                     \
-        return _mm256_sub_epi8(_mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));           \
-    }
+/* sums (8 x int32) += the 4-pair dot products of unsigned codes and signed activation bytes */
+__attribute__((target(AVX2), always_inline)) static inline __m256i dot_add_avx2(__m256i sums, __m256i codes,
+                                                                               __m256i x) {
+    return _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1)));
+}
 
-WEIGHT_VECTOR(AVX2, avx2)
-WEIGHT_VECTOR(VNNI, vnni)
+__attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_vnni(__m256i sums, __m256i codes,
+                                                                               __m256i x) {
+    return _mm256_dpbusd_epi32(sums, codes, x);
+}
 
-/* Asks for super-block s of the weight rows PREFETCH_ROWS further on: a thread walks its rows in order, but the
- * hardware prefetcher, seeing a few rows read side by side in short runs, fetches too little ahead of them. */
+/* Asks for the weight rows PREFETCH_ROWS further on: a thread walks its rows in order, but the hardware prefetcher,
+ * seeing a few rows read side by side in short runs, fetches too little ahead of them. */
 #define PREFETCH_ROWS 8
 static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
-    const int64_t row_bytes = mm->k / 2;
+    const int64_t row_bytes = mm->k / 2, blocks = mm->k / BLOCK;
     const int64_t first = n0 + PREFETCH_ROWS, last = first + RN < mm->n ? first + RN : mm->n;
     if (first >= last) return;
-    const char *at = (const char *)mm->codes + first * row_bytes;
-    for (int64_t o = 0; o < (last - first) * row_bytes; o += 64) __builtin_prefetch(at + o);
-}
-
-/* The 8 blocks' int32 sums of super-block s for weight rows n0 .. n0 + RN and activation rows m0 .. m0 + RM.
- * AVX2: |w| times x carrying w's sign (pair sums under 2^15). VNNI: (x + 128) as unsigned times w, the 128 * sum(w)
- * this adds taken off per block from the stored sums; one instruction per vector and pair of rows. */
-__attribute__((target(AVX2), always_inline)) static inline void super_sums_avx2(const Matmul *mm, int64_t n0,
-                                                                               int64_t m0, int64_t s, const int RN,
-                                                                               const int RM,
-                                                                               __m256i sums[4][ROWS_PER_TILE]) {
-    for (int i = 0; i < RN; i++)
-        for (int r = 0; r < RM; r++) sums[i][r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        __m256i w[4], w_abs[4];
-        for (int i = 0; i < RN; i++) {
-            w[i] = weight_vector_avx2(mm, n0 + i, s, g);
-            w_abs[i] = _mm256_sign_epi8(w[i], w[i]);
-        }
-        for (int r = 0; r < RM; r++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER) + g);
-            for (int i = 0; i < RN; i++) {
-                const __m256i pairs = _mm256_maddubs_epi16(w_abs[i], _mm256_sign_epi8(x, w[i]));
-                sums[i][r] = _mm256_add_epi32(sums[i][r], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-            }
-        }
-    }
-}
-
-__attribute__((target(VNNI), always_inline)) static inline void super_sums_vnni(const Matmul *mm, int64_t n0,
-                                                                               int64_t m0, int64_t s, const int RN,
-                                                                               const int RM,
-                                                                               __m256i sums[4][ROWS_PER_TILE]) {
-    const int64_t blocks = mm->k / BLOCK;
-    for (int i = 0; i < RN; i++) {
-        /* start from -128 * sum(w) per block */
-        const __m128i block_sums = _mm_loadu_si128((const __m128i *)(mm->wsum + (n0 + i) * blocks + s * 8));
-        const __m256i start = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                               _mm256_slli_epi32(_mm256_cvtepi16_epi32(block_sums), 7));
-        for (int r = 0; r < RM; r++) sums[i][r] = start;
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        __m256i w[4];
-        for (int i = 0; i < RN; i++) w[i] = weight_vector_vnni(mm, n0 + i, s, g);
-        for (int r = 0; r < RM; r++) {
-            const __m256i x = _mm256_loadu_si256((const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER) + g);
-            const __m256i x_unsigned = _mm256_xor_si256(x, _mm256_set1_epi8((char)0x80));
-            for (int i = 0; i < RN; i++) sums[i][r] = _mm256_dpbusd_epi32(sums[i][r], x_unsigned, w[i]);
-        }
-    }
+    const char *codes = (const char *)mm->codes + first * row_bytes;
+    for (int64_t o = 0; o < (last - first) * row_bytes; o += 64) __builtin_prefetch(codes + o);
+    const char *scales = (const char *)(mm->wd + first * blocks);
+    for (int64_t o = 0; o < (last - first) * blocks * 2; o += 64) __builtin_prefetch(scales + o);
 }
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
- * vector once for RN weight rows. */
+ * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block. */
 #define TILE(TARGET, SUFFIX)                                                                                       \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX(                               \
-        const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                    \
+        const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
         const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;                                              \
+        const __m256i low_nibbles = _mm256_set1_epi8(0x0F);                                                        \
         __m256 acc[4][ROWS_PER_TILE];                                                                              \
-        __m256i sums[4][ROWS_PER_TILE];                                                                            \
         for (int i = 0; i < RN; i++)                                                                               \
             for (int r = 0; r < RM; r++) acc[i][r] = _mm256_setzero_ps();                                          \
         if (m0 == 0) prefetch_ahead(mm, n0, RN);                                                                   \
         for (int64_t s = 0; s < supers; s++) {                                                                     \
-            super_sums_##SUFFIX(mm, n0, m0, s, RN, RM, sums);                                                \
+            __m256i sums[4][ROWS_PER_TILE];                                                                        \
             for (int r = 0; r < RM; r++) {                                                                         \
-                const __m256 x_scale = _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8);                        \
+                const __m256i start = _mm256_sub_epi32(                                                            \
+                    _mm256_setzero_si256(),                                                                        \
+                    _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));                 \
+                for (int i = 0; i < RN; i++) sums[i][r] = start;                                                   \
+            }                                                                                                      \
+            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) {                                                  \
+                __m256i low[4], high[4];                                                                           \
                 for (int i = 0; i < RN; i++) {                                                                     \
-                    const __m256 scale = _mm256_mul_ps(_mm256_loadu_ps(mm->wd + (n0 + i) * blocks + s * 8), x_scale); \
+                    const __m256i packed = _mm256_loadu_si256(                                                     \
+                        (const __m256i *)(mm->codes + (n0 + i) * (mm->k / 2) + s * (SUPER / 2)) + h);              \
+                    low[i] = _mm256_and_si256(packed, low_nibbles);                                                \
+                    high[i] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);                         \
+                }                                                                                                  \
+                for (int r = 0; r < RM; r++) {                                                                     \
+                    const __m256i *x = (const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER);                   \
+                    const __m256i x_low = _mm256_loadu_si256(x + h), x_high = _mm256_loadu_si256(x + h + 4);       \
+                    for (int i = 0; i < RN; i++) {                                                                 \
+                        sums[i][r] = dot_add_##SUFFIX(sums[i][r], low[i], x_low);                                  \
+                        sums[i][r] = dot_add_##SUFFIX(sums[i][r], high[i], x_high);                                \
+                    }                                                                                              \
+                }                                                                                                  \
+            }                                                                                                      \
+            for (int i = 0; i < RN; i++) {                                                                         \
+                const __m256 w_scale = _mm256_cvtph_ps(                                                            \
+                    _mm_loadu_si128((const __m128i *)(mm->wd + (n0 + i) * blocks + s * 8)));                       \
+                for (int r = 0; r < RM; r++) {                                                                     \
+                    const __m256 scale = _mm256_mul_ps(w_scale, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8)); \
                     acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[i][r]), scale, acc[i][r]);                 \
                 }                                                                                                  \
             }                                                                                                      \
         }                                                                                                          \
         for (int i = 0; i < RN; i++)                                                                               \
-            for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum8(acc[i][r]);                     \
+            for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum8_ps(acc[i][r]);                  \
     }                                                                                                              \
     __attribute__((target(TARGET), always_inline)) static inline void tiles_##SUFFIX(                              \
-        const Matmul *mm, int64_t n0, const int RN) {                                              \
+        const Matmul *mm, int64_t n0, const int RN) {                                                              \
         int64_t m0 = 0;                                                                                            \
-        for (; m0 + ROWS_PER_TILE <= mm->m; m0 += ROWS_PER_TILE) tile_##SUFFIX(mm, n0, m0, RN, ROWS_PER_TILE); \
+        for (; m0 + ROWS_PER_TILE <= mm->m; m0 += ROWS_PER_TILE) tile_##SUFFIX(mm, n0, m0, RN, ROWS_PER_TILE);    \
         switch (mm->m - m0) {                                                                                      \
-        case 3: tile_##SUFFIX(mm, n0, m0, RN, 3); break;                                                     \
-        case 2: tile_##SUFFIX(mm, n0, m0, RN, 2); break;                                                     \
-        case 1: tile_##SUFFIX(mm, n0, m0, RN, 1); break;                                                     \
+        case 3: tile_##SUFFIX(mm, n0, m0, RN, 3); break;                                                           \
+        case 2: tile_##SUFFIX(mm, n0, m0, RN, 2); break;                                                           \
+        case 1: tile_##SUFFIX(mm, n0, m0, RN, 1); break;                                                           \
         default: break;                                                                                            \
         }                                                                                                          \
     }                                                                                                              \
@@ -216,9 +224,9 @@ __attribute__((target(VNNI), always_inline)) static inline void super_sums_vnni(
                                                                      int64_t n_last) {                             \
         int64_t n = n_first;                                                                                       \
         if (mm->m < ROWS_PER_TILE) /* few rows: more weight rows per tile keep more multiply-add chains going */   \
-            for (; n + 4 <= n_last; n += 4) tiles_##SUFFIX(mm, n, 4);                                        \
-        for (; n + 2 <= n_last; n += 2) tiles_##SUFFIX(mm, n, 2);                                            \
-        if (n < n_last) tiles_##SUFFIX(mm, n, 1);                                                            \
+            for (; n + 4 <= n_last; n += 4) tiles_##SUFFIX(mm, n, 4);                                              \
+        for (; n + 2 <= n_last; n += 2) tiles_##SUFFIX(mm, n, 2);                                                  \
+        if (n < n_last) tiles_##SUFFIX(mm, n, 1);                                                                  \
     }
 
 TILE(AVX2, avx2)
@@ -232,27 +240,30 @@ static int threads_for(int64_t work, int64_t per_thread_at_least) {
 }
 
 static PyObject *matmul(PyObject *self, PyObject *args) {
-    Py_ssize_t out, x, codes, scales, sums;
+    Py_ssize_t out, x, codes, scales;
     Matmul mm;
-    if (!PyArg_ParseTuple(args, "nnnnnLLL", &out, &x, &codes, &scales, &sums, &mm.m, &mm.n, &mm.k)) return NULL;
+    if (!PyArg_ParseTuple(args, "nnnnLLL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k)) return NULL;
     if (mm.k % SUPER != 0) {
         PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
         return NULL;
     }
     const int64_t blocks = mm.k / BLOCK;
-    int8_t *xq = malloc((size_t)(mm.m * mm.k) + sizeof(float) * (size_t)(mm.m * blocks));
+    /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
+    int8_t *xq = malloc((size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks));
     if (xq == NULL) return PyErr_NoMemory();
-    float *xd = (float *)(xq + mm.m * mm.k); /* K is a multiple of 32: the scales stay 4-byte aligned */
+    float *xd = (float *)(xq + mm.m * mm.k);
+    int32_t *xsum8 = (int32_t *)(xd + mm.m * blocks);
     mm.out = (float *)out;
     mm.xq = xq;
     mm.xd = xd;
+    mm.xsum8 = xsum8;
     mm.codes = (const uint8_t *)codes;
-    mm.wd = (const float *)scales;
-    mm.wsum = (const int16_t *)sums;
+    mm.wd = (const uint16_t *)scales;
     const float *input = (const float *)x;
     Py_BEGIN_ALLOW_THREADS;
-#pragma omp parallel for num_threads(threads_for(mm.m, 8)) schedule(static)
-    for (int64_t m = 0; m < mm.m; m++) quantize_row(input + m * mm.k, mm.k, xq + m * mm.k, xd + m * blocks);
+#pragma omp parallel for num_threads(threads_for(mm.m * mm.k, 16384)) schedule(static)
+    for (int64_t m = 0; m < mm.m; m++)
+        quantize_row(input + m * mm.k, mm.k, xq + m * mm.k, xd + m * blocks, xsum8 + m * blocks);
 #pragma omp parallel num_threads(threads_for(mm.n * mm.m * blocks, 4096))
     {
         const int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
@@ -263,19 +274,49 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The products' implementations this CPU can run, best first (the one chosen at import). */
+typedef struct {
+    const char *name;
+    void (*quantize)(const float *, int64_t, int8_t *, float *, int32_t *);
+    void (*rows)(const Matmul *, int64_t, int64_t);
+} Kernel;
+
+static Kernel kernels[3];
+static int kernel_count = 0;
+
+static PyObject *available(PyObject *self, PyObject *unused) {
+    PyObject *names = PyList_New(kernel_count);
+    if (names == NULL) return NULL;
+    for (int i = 0; i < kernel_count; i++) PyList_SET_ITEM(names, i, PyUnicode_FromString(kernels[i].name));
+    return names;
+}
+
 static PyObject *kernel_name(PyObject *self, PyObject *unused) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (matmul_rows == matmul_rows_vnni) return PyUnicode_FromString("avx512-vnni");
-    if (matmul_rows == matmul_rows_avx2) return PyUnicode_FromString("avx2");
-#endif
-    return PyUnicode_FromString("portable");
+    for (int i = 0; i < kernel_count; i++)
+        if (kernels[i].rows == matmul_rows) return PyUnicode_FromString(kernels[i].name);
+    Py_RETURN_NONE;
+}
+
+static PyObject *select_kernel(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    for (int i = 0; i < kernel_count; i++)
+        if (strcmp(kernels[i].name, name) == 0) {
+            quantize_row = kernels[i].quantize;
+            matmul_rows = kernels[i].rows;
+            Py_RETURN_NONE;
+        }
+    PyErr_Format(PyExc_ValueError, "no kernel %s on this CPU", name);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
-     "matmul(out, x, codes, scales, sums, m, n, k): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T "
-     "(pointers as ints; float32 out, x and scales, int16 block sums)."},
-    {"kernel_name", kernel_name, METH_NOARGS, "which instruction set the products run on here"},
+     "matmul(out, x, codes, scales, m, n, k): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T (pointers as "
+     "ints; float32 out and x, float16 scales)."},
+    {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
+    {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
+    {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -284,10 +325,14 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_block_matmul", NULL
 PyMODINIT_FUNC PyInit__block_matmul(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        matmul_rows = matmul_rows_avx2;
-        if (__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) matmul_rows = matmul_rows_vnni;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        if (__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+            kernels[kernel_count++] = (Kernel){"avx512-vnni", quantize_row_avx2, matmul_rows_vnni};
+        kernels[kernel_count++] = (Kernel){"avx2", quantize_row_avx2, matmul_rows_avx2};
     }
 #endif
+    kernels[kernel_count++] = (Kernel){"portable", quantize_row_portable, matmul_rows_portable};
+    quantize_row = kernels[0].quantize;
+    matmul_rows = kernels[0].rows;
     return PyModule_Create(&module);
 }

@@ -1,5 +1,5 @@
-"""Linear layers that keep a GGUF Q4_0 file's blocks in memory (CPU): 4-bit codes with a scale per 32 input values,
-multiplied by the C kernel `_block_matmul.c`.
+"""Linear layers that keep a GGUF Q4_0 file's blocks in memory (CPU): 4-bit codes with a float16 scale per 32 input
+values, 18 bytes per block as in the file, multiplied by the C kernel `_block_matmul.c`.
 
 Re-encoding the file's float32 expansion with GGUF's Q4_0 rule gives back the file's codes and scales exactly (a
 block's value of largest magnitude is code 0 times its scale, so the scale is found again, and every value divides
@@ -33,27 +33,22 @@ def fits_blocks(linear: nn.Linear) -> bool:
 
 def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GGUF's Q4_0 rule for each block of 32 values of a float weight [out, in], in the kernel's layout
-    (`_block_matmul.c`): codes uint8 [out, in / 2] (value + 8, two to a byte) and float32 scales [out, in / 32]."""
+    (`_block_matmul.c`): codes uint8 [out, in / 2] (value + 8, two to a byte) and float16 scales [out, in / 32]
+    (a file's scales are float16: they come back exactly)."""
     out_features, in_features = weight.shape
     blocks = weight.float().reshape(out_features, in_features // BLOCK, BLOCK)
     # the value of largest magnitude, with its sign, is code 0: scale = it / -8
     extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
-    scale = extreme / -8
+    scale = (extreme / -8).to(torch.float16).float()
     divisor = torch.where(scale != 0, scale, 1.0)[..., None]
     codes = _interleave(torch.clamp(torch.trunc(blocks / divisor + 8.5), 0, 15).to(torch.uint8))
     packed = codes[:, :, :4] | (codes[:, :, 4:] << 4)  # vectors g and g + 4 share bytes
-    return packed.reshape(out_features, in_features // 2), scale
+    return packed.reshape(out_features, in_features // 2), scale.to(torch.float16)
 
 
 def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that codes and scales stand for."""
-    return (_values(codes).float() * scales[..., None]).reshape(codes.shape[0], -1)
-
-
-def block_sums(codes: torch.Tensor) -> torch.Tensor:
-    """Each block's sum of its values, int16 [out, in / 32]: the VNNI kernel multiplies activations + 128 and takes
-    128 times this off again."""
-    return _values(codes).sum(dim=-1, dtype=torch.int16)
+    return (_values(codes).float() * scales.float()[..., None]).reshape(codes.shape[0], -1)
 
 
 def _values(codes: torch.Tensor) -> torch.Tensor:
@@ -85,9 +80,8 @@ class Q4_0Linear(nn.Module):
         self.out_features, self.in_features = linear.weight.shape
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
-        self.register_buffer("sums", block_sums(codes))
         self.bias = linear.bias
-        held = (codes, scales, self.sums) + (() if self.bias is None else (self.bias,))
+        held = (codes, scales) + (() if self.bias is None else (self.bias,))
         self.weight_nbytes = sum(t.numel() * t.element_size() for t in held)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +93,6 @@ class Q4_0Linear(nn.Module):
             rows.data_ptr(),
             self.codes.data_ptr(),
             self.scales.data_ptr(),
-            self.sums.data_ptr(),
             rows.shape[0],
             self.out_features,
             self.in_features,
