@@ -1,6 +1,6 @@
 """Where a decode step's time goes, by kind of work: torch.profiler over decode steps of the random 85M Llama in each
-GGUF format (bench/random_model.py), its self CPU time per op summed into groups (linear layers, attention, the paged
-KV cache's writes and gathers, norms, everything else), in ms per step, next to the step's wall time and the batch-1
+GGUF format (bench/random_model.py), its self CPU time per op summed into groups (linear layers, attention (the C
+kernel's RoPE and KV store included), the paged KV cache's writes and gathers, norms, SwiGLU, everything else), in ms per step, next to the step's wall time and the batch-1
 bandwidth floor (weight bytes per token / copy bandwidth, as in bench/engine_bench.py).
 
 Run: .venv/bin/python bench/step_profile.py [--models DIR] [--batches 1,8,32] [--context 128]
@@ -22,19 +22,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import copy_bandwidth_gbs  # noqa: E402
 from bench.random_model import write_quantized_gguf, write_random_llama  # noqa: E402
 from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
-from inference.engine.model import block_quant, transformer  # noqa: E402
+from inference.engine.model import block_quant, pointwise, transformer  # noqa: E402
 
 STEPS = 10
 # The C kernels are no aten ops: each is profiled as a labelled range.
 PAGED_KERNEL = "paged decode attention (C kernel)"
 Q4_0_KERNEL = "Q4_0 matmul (C kernel)"
+NORM_KERNEL = "RMSNorm (C kernel)"
+SWIGLU_KERNEL = "SwiGLU (C kernel)"
 GROUPS = {
     "linear": ("quantized::linear_dynamic", "mkldnn::_linear_pointwise", "aten::mm", "aten::addmm",
                "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "aten::matmul", Q4_0_KERNEL),
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
                   PAGED_KERNEL),
     "kv cache": ("aten::index_select", "aten::index_copy_"),
-    "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
+    "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt", NORM_KERNEL),
+    "swiglu": ("aten::silu", SWIGLU_KERNEL),
 }  # fmt: skip
 
 
@@ -66,15 +69,19 @@ def profile_step(path: Path, batch: int, context: int) -> dict:
     wall_ms = 1000 * (time.perf_counter() - start) / STEPS
     kernel = transformer.decode_attention
     transformer.decode_attention = labelled(kernel, PAGED_KERNEL)
-    q4_0 = block_quant.KERNEL
+    q4_0, rowwise = block_quant.KERNEL, pointwise.KERNEL
     if q4_0 is not None:
         block_quant.KERNEL = SimpleNamespace(matmul=labelled(q4_0.matmul, Q4_0_KERNEL))
+    if rowwise is not None:
+        pointwise.KERNEL = SimpleNamespace(
+            rms_norm=labelled(rowwise.rms_norm, NORM_KERNEL), swiglu=labelled(rowwise.swiglu, SWIGLU_KERNEL)
+        )
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(STEPS):
                 runner.decode(slots, tokens)
     finally:
-        transformer.decode_attention, block_quant.KERNEL = kernel, q4_0
+        transformer.decode_attention, block_quant.KERNEL, pointwise.KERNEL = kernel, q4_0, rowwise
     groups: dict[str, float] = {}
     for event in prof.key_averages():
         groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1000 / STEPS

@@ -1,6 +1,7 @@
 """The paged decode-attention kernel: on the real stories260K model (grouped-query attention) a batch of rows of
 different lengths, blocks out of order, decodes to the logits the gather-and-SDPA path gives, step after step; on
-float32, float16 and bfloat16 pools it equals attention computed in float32 from the same stored values."""
+float32, float16 and bfloat16 pools it stores each row's rotated key and its value where the row's new position lies,
+as torch would, and attends as float32 attention over the stored values does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.paged_attention import KERNEL, decode_attention
 from inference.engine.model.runner import ModelRunner
-from inference.engine.model.transformer import Transformer
+from inference.engine.model.transformer import Transformer, rotate_half
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 
@@ -52,21 +53,42 @@ def test_decode_through_the_kernel_equals_the_gather_path(transformer):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_the_kernel_attends_over_16_and_32_bit_pools_as_float32_attention_does(dtype):
+def test_the_kernel_rotates_stores_and_attends_over_16_and_32_bit_pools_as_torch_does(dtype):
     gen = torch.Generator().manual_seed(0)
     kv_heads, group, dim, block_size, pool_blocks = 2, 3, 64, 16, 20
+    heads = kv_heads * group
     keys = torch.randn(kv_heads, pool_blocks, block_size, dim, generator=gen).to(dtype)
     values = torch.randn(kv_heads, pool_blocks, block_size, dim, generator=gen).to(dtype)
     table = torch.tensor([[7, 2, 19], [4, 11, 0], [5, 9, 13]])  # [B, nb]: each row's blocks, in position order
     lengths = torch.tensor([48, 1, 21])  # a full table, one position, part of the second block
-    q = torch.randn(3, kv_heads, group, dim, generator=gen)
-    out = decode_attention(q, keys, values, table, lengths)
+    qkv = torch.randn(3, heads + 2 * kv_heads, dim, generator=gen)
+    angles = torch.randn(3, dim // 2, generator=gen)  # each row's own rotation
+    cos, sin = torch.cat((angles, angles), -1).cos(), angles.sin()
+    sin_signed = torch.cat((-sin, sin), -1)
+    new = lengths - 1  # each row's new position: its last
+    block = table[torch.arange(3), new // block_size]
+    write_rows = torch.stack([(h * pool_blocks + block) * block_size + new % block_size for h in range(kv_heads)], 1)
+    expected_keys, expected_values = keys.clone(), values.clone()
+    rotated = rotate_half(qkv[:, : heads + kv_heads], cos[:, None], sin_signed[:, None])
+    for row in range(3):
+        for h in range(kv_heads):
+            at = divmod(int(write_rows[row, h]), block_size)
+            expected_keys.view(-1, block_size, dim)[at] = rotated[row, heads + h].to(dtype)
+            expected_values.view(-1, block_size, dim)[at] = qkv[row, heads + kv_heads + h].to(dtype)
+
+    out = decode_attention(qkv, cos, sin_signed, keys, values, write_rows.reshape(-1), table, lengths)
+
+    assert torch.equal(values, expected_values)  # stored as torch converts, bit for bit
+    # rotated keys: float32 sums in another order round differently in the last bit (then in the 16-bit last bit)
+    ulp = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+    torch.testing.assert_close(keys.float(), expected_keys.float(), atol=4 * ulp, rtol=ulp)
     for row in range(3):
         held = table[row].tolist()
         k = keys[:, held].reshape(kv_heads, -1, dim)[:, : lengths[row]].float()  # [Hkv, L, hd]
         v = values[:, held].reshape(kv_heads, -1, dim)[:, : lengths[row]].float()
-        expected = F.scaled_dot_product_attention(q[row], k, v)  # [Hkv, G, hd]
-        torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-5)
+        q = rotated[row, :heads].view(kv_heads, group, dim)
+        expected = F.scaled_dot_product_attention(q, k, v)  # [Hkv, G, hd]
+        torch.testing.assert_close(out[row].view(kv_heads, group, dim), expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])

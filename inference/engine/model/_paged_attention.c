@@ -1,18 +1,25 @@
 /* Decode attention over a paged KV pool, reading each row's keys and values where they lie (paged_attention.py).
  *
- * One query position per row. For each (row, kv head): the scores of its query heads against every position the
- * row holds, a softmax, and the weighted sum of the values, reading every key and value once and writing nothing
- * but the output. torch has no such kernel on the CPU: without it a step first copies each row's blocks into one
- * buffer, then attends over the copy (three passes over the KV instead of one).
+ * One query position per row, straight from the q/k/v projection. For each (row, kv head): RoPE on its query heads
+ * and its key, the key and value stored into the pool at the row's new position, then the scores of the query heads
+ * against every position the row holds, a softmax, and the weighted sum of the values, reading every key and value
+ * once and writing nothing but the new position and the output. torch has no such kernel on the CPU: without it a
+ * step first copies each row's blocks into one buffer, then attends over the copy (three passes over the KV instead
+ * of one), and the rotation and the store are a dozen small torch ops per layer, each costing more in dispatch than
+ * its arithmetic at decode sizes.
  *
- * Layouts (all contiguous): q and out [B, Hkv, G, D] float32; each pool [Hkv, pool_blocks, block_size, D] in
- * float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the positions
- * [0, length) each row attends to.
+ * Layouts (all contiguous): qkv [B, H + 2 Hkv, D] float32 (query heads in kv-head-major order, G = H / Hkv per kv
+ * head, then the keys, then the values); cos and sin_signed [B, D] float32, each row's RoPE angles in the Hugging
+ * Face layout (sin_signed's first half negated, transformer.py); write_rows [B * Hkv] int64, the pool row (of D)
+ * each new (row, kv head) key and value goes to; out [B, Hkv, G, D] float32; each pool [Hkv, pool_blocks,
+ * block_size, D] in float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the
+ * positions [0, length) each row attends to, the new one included.
  *
- * The (row, kv head) pairs are shared among OpenMP threads, with the GIL released. The extension links libgomp.so.1
- * by that name, which torch has already loaded (the wrapper imports torch first), so its threads are torch's own
- * intra-op threads: a pool of the kernel's own would wait on torch's threads, which spin on the cores for a while
- * after each op (docs/kv-cache.md).
+ * The (row, kv head) pairs are shared among OpenMP threads, with the GIL released; a pair writes and reads only its
+ * own row's keys and values, so no thread waits on another. The extension links libgomp.so.1 by that name, which
+ * torch has already loaded (the wrapper imports torch first), so its threads are torch's own intra-op threads: a
+ * pool of the kernel's own would wait on torch's threads, which spin on the cores for a while after each op
+ * (docs/kv-cache.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -26,9 +33,12 @@ enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1, KV_BFLOAT16 = 2 };
 
 typedef struct {
     float *out;
-    const float *q;
-    const void *keys;
-    const void *values;
+    const float *qkv;
+    const float *cos;
+    const float *sin_signed;
+    const int64_t *write_rows;
+    void *keys;
+    void *values;
     const int64_t *table;
     const int64_t *lengths;
     int64_t rows, kv_heads, group, dim, block_size, pool_blocks, table_width;
@@ -72,6 +82,34 @@ static inline const float *block_rows(const void *pool, int kv_dtype, int64_t of
     if (kv_dtype == KV_FLOAT16) f16_to_f32((const uint16_t *)pool + offset, scratch, n);
     else bf16_to_f32((const uint16_t *)pool + offset, scratch, n);
     return scratch;
+}
+
+/* float32 to bfloat16 rounding to nearest even, as torch converts (NaN kept quiet). */
+static inline uint16_t f32_to_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* n float32 values into the pool at `offset` (elements), in the pool's dtype. */
+static inline void store_row(void *pool, int kv_dtype, int64_t offset, const float *src, int64_t n) {
+    if (kv_dtype == KV_FLOAT32) memcpy((float *)pool + offset, src, sizeof(float) * (size_t)n);
+    else if (kv_dtype == KV_FLOAT16)
+        for (int64_t i = 0; i < n; i++) ((_Float16 *)pool)[offset + i] = (_Float16)src[i];
+    else
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)pool)[offset + i] = f32_to_bf16(src[i]);
+}
+
+/* RoPE in the Hugging Face layout: dimension i is paired with i + dim/2, out = x * cos + roll(x, dim/2) * sin_signed
+ * (transformer.py's rotate_half, one head). */
+MULTIVERSION
+static void rotate(const float *x, const float *cos, const float *sin_signed, int64_t dim, float *out) {
+    const int64_t half = dim / 2;
+#pragma omp simd
+    for (int64_t i = 0; i < half; i++) out[i] = x[i] * cos[i] + x[i + half] * sin_signed[i];
+#pragma omp simd
+    for (int64_t i = half; i < dim; i++) out[i] = x[i] * cos[i] + x[i - half] * sin_signed[i];
 }
 
 /* Asks for the next block while this one is read: a block spans pages of its own, and the hardware prefetcher,
@@ -164,14 +202,27 @@ static void softmax(float *s, int64_t length) {
     for (int64_t p = 0; p < length; p++) s[p] *= inv;
 }
 
+/* A pair's query heads rotated into `q` [G, D], its key rotated and stored, its value stored. */
+static void rotate_and_store(const Work *w, int64_t pair, float *q, float *key) {
+    const int64_t dim = w->dim, group = w->group, b = pair / w->kv_heads, h = pair % w->kv_heads;
+    const int64_t heads = w->kv_heads * group;
+    const float *row = w->qkv + b * (heads + 2 * w->kv_heads) * dim;
+    const float *cos = w->cos + b * dim, *sin_signed = w->sin_signed + b * dim;
+    for (int64_t g = 0; g < group; g++) rotate(row + (h * group + g) * dim, cos, sin_signed, dim, q + g * dim);
+    const int64_t at = w->write_rows[pair] * dim;
+    rotate(row + (heads + h) * dim, cos, sin_signed, dim, key);
+    store_row(w->keys, w->kv_dtype, at, key, dim);
+    store_row(w->values, w->kv_dtype, at, row + (heads + w->kv_heads + h) * dim, dim);
+}
+
 /* Pairs [first, last) of the step. `scores` has room for the longest row's positions per query head, `rows` for one
- * block as float32. */
-static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows) {
+ * block as float32, `q` for the pair's rotated query heads and one rotated key. */
+static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows, float *q) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
     const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
     for (int64_t pair = first; pair < last; pair++) {
         const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
-        const float *q = w->q + pair * group * dim;
+        rotate_and_store(w, pair, q, q + group * dim);
         float *out = w->out + pair * group * dim;
         const int64_t *blocks = w->table + b * w->table_width;
         const int64_t head_base = h * w->pool_blocks * bs;
@@ -204,20 +255,25 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
 }
 
 static PyObject *decode(PyObject *self, PyObject *args) {
-    Py_ssize_t out, q, keys, values, table, lengths;
+    Py_ssize_t out, qkv, cos, sin_signed, write_rows, keys, values, table, lengths;
     Work w;
-    if (!PyArg_ParseTuple(args, "nnnnnnLLLLLLLfi", &out, &q, &keys, &values, &table, &lengths, &w.rows, &w.kv_heads,
-                          &w.group, &w.dim, &w.block_size, &w.pool_blocks, &w.table_width, &w.scale, &w.kv_dtype))
+    if (!PyArg_ParseTuple(args, "nnnnnnnnnLLLLLLLfi", &out, &qkv, &cos, &sin_signed, &write_rows, &keys, &values,
+                          &table, &lengths, &w.rows, &w.kv_heads, &w.group, &w.dim, &w.block_size, &w.pool_blocks,
+                          &w.table_width, &w.scale, &w.kv_dtype))
         return NULL;
     w.out = (float *)out;
-    w.q = (const float *)q;
-    w.keys = (const void *)keys;
-    w.values = (const void *)values;
+    w.qkv = (const float *)qkv;
+    w.cos = (const float *)cos;
+    w.sin_signed = (const float *)sin_signed;
+    w.write_rows = (const int64_t *)write_rows;
+    w.keys = (void *)keys;
+    w.values = (void *)values;
     w.table = (const int64_t *)table;
     w.lengths = (const int64_t *)lengths;
     int64_t longest = 0;
     for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
-    const int64_t pairs = w.rows * w.kv_heads, scratch = w.group * longest + w.block_size * w.dim;
+    const int64_t pairs = w.rows * w.kv_heads;
+    const int64_t scratch = w.group * longest + w.block_size * w.dim + (w.group + 1) * w.dim;
     const int threads = pairs < omp_get_max_threads() ? (int)pairs : omp_get_max_threads();
     float *scores = malloc(sizeof(float) * (size_t)(scratch * (threads > 0 ? threads : 1)));
     if (scores == NULL) return PyErr_NoMemory();
@@ -226,8 +282,8 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     {
         /* contiguous shares, so each thread's prefetch of its next pair stays its own */
         const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-        float *mine = scores + t * scratch;
-        attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, mine + w.group * longest);
+        float *mine = scores + t * scratch, *rows = mine + w.group * longest;
+        attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, rows, rows + w.block_size * w.dim);
     }
     Py_END_ALLOW_THREADS;
     free(scores);
@@ -236,8 +292,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
-     "decode(out, q, keys, values, table, lengths, rows, kv_heads, group, dim, block_size, pool_blocks, table_width, "
-     "scale, kv_dtype): one decode step's attention over the paged pool (pointers as ints)."},
+     "decode(out, qkv, cos, sin_signed, write_rows, keys, values, table, lengths, rows, kv_heads, group, dim, "
+     "block_size, pool_blocks, table_width, scale, kv_dtype): one decode step's RoPE, KV store and attention over "
+     "the paged pool (pointers as ints)."},
     {NULL, NULL, 0, NULL},
 };
 

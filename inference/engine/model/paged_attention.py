@@ -30,18 +30,35 @@ def kernel_serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
 
 
 def decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin_signed: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    write_rows: torch.Tensor,
+    table: torch.Tensor,
+    lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """Each row's query heads attend over positions `[0, lengths[b])` of its blocks `table[b]`; float32
-    `[B, Hkv, G, hd]` (G query heads per kv head, in head order)."""
-    # q: [B, Hkv, G, hd]; keys, values: [Hkv, pool_blocks, block_size, hd]; table: [B, nb] long; lengths: [B] long
-    q = q.float().contiguous()
-    out = torch.empty_like(q)
-    rows, kv_heads, group, dim = q.shape
-    _, pool_blocks, block_size, _ = keys.shape
+    """One decode step of one layer in one call: RoPE on each row's query heads and key, the key and value stored at
+    `write_rows`, then each row's query heads attend over positions `[0, lengths[b])` of its blocks `table[b]`;
+    float32 `[B, H * hd]`.
+
+    One call instead of the rotation, the two stores and the attention as a dozen torch ops: at decode sizes each op
+    costs more in dispatch than in arithmetic, a dozen times per layer and step."""
+    # qkv: [B, H + 2 Hkv, hd] (query heads kv-head-major); cos, sin_signed: [B, hd] float32 (transformer.rope_tables);
+    # keys, values: [Hkv, pool_blocks, block_size, hd]; write_rows: [B * Hkv] long; table: [B, nb] long;
+    # lengths: [B] long
+    qkv, cos, sin_signed = qkv.float().contiguous(), cos.float().contiguous(), sin_signed.float().contiguous()
+    rows, width, dim = qkv.shape
+    kv_heads, pool_blocks, block_size, _ = keys.shape
+    group = (width - 2 * kv_heads) // kv_heads
+    out = torch.empty(rows, kv_heads * group * dim)
     KERNEL.decode(
         out.data_ptr(),
-        q.data_ptr(),
+        qkv.data_ptr(),
+        cos.data_ptr(),
+        sin_signed.data_ptr(),
+        write_rows.data_ptr(),
         keys.data_ptr(),
         values.data_ptr(),
         table.data_ptr(),

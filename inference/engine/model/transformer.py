@@ -20,8 +20,8 @@ from torch import nn
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.paged_attention import decode_attention
+from inference.engine.model.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.model.quantize import quantize_linears
-from inference.engine.model.rms_norm import kernel_serves, rms_norm
 from inference.engine.model.stored_quant import KeepQuantized, keep_quantized
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
 
@@ -35,11 +35,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(shape))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., dim] -> [..., dim]
-        # one C call (rms_norm.py); a compiled step traces torch's, which the compiler fuses
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x; with `residual`, of x + residual, which x becomes in place (the residual stream's add,
+        done by the norm that reads it: one call fewer per norm)."""
+        # x, residual: [..., dim] -> [..., dim]
+        # one C call (pointwise.py); a compiled step traces torch's, which the compiler fuses
         if self.weight.dim() == 1 and kernel_serves(x, self.weight) and not torch.compiler.is_compiling():
-            return rms_norm(x, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x.add_(residual)
         if x.dtype == torch.float32 and self.weight.dim() == 1:  # the arithmetic below in one call: ~25% faster
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
@@ -157,32 +161,31 @@ class Attention(nn.Module):
         # x: [T, D]; cos, sin_signed: [T, 1, hd] -> [T, D]
         tokens = x.shape[0]
         qkv = self.wqkv(x).view(tokens, -1, self.head_dim)  # [T, H + 2 Hkv, hd]
-        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
         if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=1)
+            qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
+            qkv = torch.cat((self.qk_norm(qk), v), dim=1)
         outs, start = [], 0
         for view in views:
-            rows, seq = view.positions.shape
-            end = start + rows * seq
-            group = (rows, seq, -1, self.head_dim)
-            outs.append(
-                self._attend(q[start:end].view(group), k[start:end].view(group), v[start:end].view(group), cache, view)
-            )
+            end = start + view.positions.numel()
+            outs.append(self._attend(qkv[start:end], cos[start:end], sin_signed[start:end], cache, view))
             start = end
         return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, view: CacheView
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
     ) -> torch.Tensor:
-        """One group's attention: stores its new keys and values, attends over its rows' KV."""
-        # q: [B, S, H, hd]; k, v: [B, S, Hkv, hd] -> [B * S, H * hd]
-        batch, seq = q.shape[:2]
-        if view.table is not None:  # decode through the paged kernel: each row's KV read where it lies
-            cache.store(self.layer, view, k, v)
-            q = q.view(batch, self.num_kv_heads, -1, self.head_dim)  # [B, Hkv, H / Hkv, hd]
-            out = decode_attention(q, cache.keys[self.layer], cache.values[self.layer], view.table, view.lengths)
-            return out.to(q.dtype).view(batch, -1)
+        """One group's attention: rotates its queries and keys, stores its new keys and values, attends over its
+        rows' KV."""
+        # qkv: [B * S, H + 2 Hkv, hd]; cos, sin_signed: [B * S, 1, hd] -> [B * S, H * hd]
+        if view.table is not None:  # decode through the paged kernel: rotation, store and attention in one call
+            keys, values = cache.keys[self.layer], cache.values[self.layer]
+            out = decode_attention(qkv, cos, sin_signed, keys, values, view.write_rows, view.table, view.lengths)
+            return out.to(qkv.dtype)
+        batch, seq = view.positions.shape
+        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
+        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=1)
+        group = (batch, seq, -1, self.head_dim)
+        q, k, v = q.reshape(group), k.reshape(group), v.reshape(group)  # [B, S, H or Hkv, hd]
         keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # a no-op unless the KV cache has a dtype of its own
         if seq == 1 and self.num_heads != self.num_kv_heads:
@@ -207,11 +210,17 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]
-        gate, up = self.w13(x).chunk(2, dim=-1)
+        gate_up = self.w13(x)
+        if kernel_serves(gate_up):  # one C call (pointwise.py)
+            return self.w2(swiglu(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
+    """One decoder layer. The residual stream's adds are left to the norms that read their results: a block takes
+    the stream `x` and the previous block's output `delta` not yet added to it, and returns the same pair."""
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -220,11 +229,17 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, views: list[CacheView]
-    ) -> torch.Tensor:
-        # x: [T, D] -> [T, D]
-        x = x + self.attention(self.attention_norm(x), cos, sin_signed, cache, views)
-        return x + self.feed_forward(self.ffn_norm(x))
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        cache: KVCache,
+        views: list[CacheView],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # x, delta: [T, D] -> x, delta: [T, D] (x updated in place)
+        delta = self.attention(self.attention_norm(x, delta), cos, sin_signed, cache, views)
+        return x, self.feed_forward(self.ffn_norm(x, delta))
 
 
 class Transformer(nn.Module):
@@ -316,14 +331,14 @@ class Transformer(nn.Module):
         # tokens: [T] long; select: [N] long -> logits: [T or N, V]
         positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
         positions = views[0].positions.reshape(-1) if positions is None else positions
-        x = self.embed(tokens)
+        x, delta = self.embed(tokens), None
         cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, hd]
         sin_signed = self.rope_sin_signed[positions].to(x.dtype).unsqueeze(1)
         for block in self.layers:
-            x = block(x, cos, sin_signed, cache, views)
+            x, delta = block(x, delta, cos, sin_signed, cache, views)
         if select is not None:
-            x = x[select]
-        x = self.norm(x)
+            x, delta = x[select], delta[select]
+        x = self.norm(x, delta)
         return x if hidden else self.lm_head(x)
 
 

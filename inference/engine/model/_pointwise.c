@@ -1,0 +1,114 @@
+/* The decoder layer's row-wise work on float32 rows, one pass per row and one call per layer step (pointwise.py):
+ * RMSNorm, optionally with the residual add that precedes it, and SwiGLU's silu(gate) * up.
+ *
+ * torch's CPU rms_norm is composite: pow, mean (a sum and a division), add, rsqrt and two multiplies, seven kernel
+ * launches per call; SwiGLU is a split, a silu and a multiply; the residual add is one more. At decode sizes each
+ * launch costs tens of microseconds of dispatch where the arithmetic takes one, on every layer of every step
+ * (docs/performance.md). Rows are shared among torch's own OpenMP threads when there are enough of them (the
+ * extension links the libgomp torch has loaded, as _paged_attention.c does).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MULTIVERSION
+#endif
+
+/* Elements below which a call stays on the calling thread: waking the pool costs more than the work. */
+#define THREADED_ELEMENTS (1 << 16)
+
+/* out = x / sqrt(mean(x^2) + eps) * weight; with `residual`, x += residual first (x is written back). */
+MULTIVERSION
+static void normalize_row(float *out, float *x, const float *residual, const float *weight, int64_t dim, float eps) {
+    float squares = 0.0f;
+    if (residual != NULL) {
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < dim; i++) {
+            x[i] += residual[i];
+            squares += x[i] * x[i];
+        }
+    } else {
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < dim; i++) squares += x[i] * x[i];
+    }
+    const float scale = 1.0f / sqrtf(squares / (float)dim + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; i++) out[i] = x[i] * scale * weight[i];
+}
+
+/* exp(x) in a form the compiler vectorizes (libm's expf is a call per value): Cephes' single-precision polynomial
+ * after reducing x to r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp. x is clamped to [-87, 88], where float32's
+ * exp neither underflows to a denormal nor overflows. */
+static inline float exp_clamped(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). */
+MULTIVERSION
+static void swiglu_row(float *out, const float *gate, const float *up, int64_t width) {
+#pragma omp simd
+    for (int64_t i = 0; i < width; i++) out[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+}
+
+static PyObject *rms_norm(PyObject *self, PyObject *args) {
+    Py_ssize_t out, x, residual, weight;
+    long long rows, dim;
+    float eps;
+    if (!PyArg_ParseTuple(args, "nnnnLLf", &out, &x, &residual, &weight, &rows, &dim, &eps)) return NULL;
+    float *o = (float *)out, *in = (float *)x;
+    const float *add = (const float *)residual, *w = (const float *)weight;
+    const int threads = rows * dim >= THREADED_ELEMENTS ? omp_get_max_threads() : 1;
+    Py_BEGIN_ALLOW_THREADS;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++)
+        normalize_row(o + r * dim, in + r * dim, add == NULL ? NULL : add + r * dim, w, dim, eps);
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyObject *swiglu(PyObject *self, PyObject *args) {
+    Py_ssize_t out, gate_up;
+    long long rows, width;
+    if (!PyArg_ParseTuple(args, "nnLL", &out, &gate_up, &rows, &width)) return NULL;
+    float *o = (float *)out;
+    const float *in = (const float *)gate_up;
+    const int threads = rows * width >= THREADED_ELEMENTS ? omp_get_max_threads() : 1;
+    Py_BEGIN_ALLOW_THREADS;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++) swiglu_row(o + r * width, in + 2 * r * width, in + (2 * r + 1) * width, width);
+    Py_END_ALLOW_THREADS;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"rms_norm", rms_norm, METH_VARARGS,
+     "rms_norm(out, x, residual, weight, rows, dim, eps): out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, after "
+     "x[r] += residual[r] unless residual is 0 (float32 pointers as ints)."},
+    {"swiglu", swiglu, METH_VARARGS,
+     "swiglu(out, gate_up, rows, width): out[r] = silu(gate_up[r, :width]) * gate_up[r, width:] (float32 pointers as "
+     "ints)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pointwise", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__pointwise(void) { return PyModule_Create(&module); }
