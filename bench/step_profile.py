@@ -1,7 +1,8 @@
 """Where a decode step's time goes, by kind of work: torch.profiler over decode steps of the random 85M Llama in each
 GGUF format (bench/random_model.py), its self CPU time per op summed into groups (linear layers, attention (the C
-kernel's RoPE and KV store included), the paged KV cache's writes and gathers, norms, SwiGLU, everything else), in ms per step, next to the step's wall time and the batch-1
-bandwidth floor (weight bytes per token / copy bandwidth, as in bench/engine_bench.py).
+kernel's RoPE and KV store included), the paged KV cache's writes and gathers, norms, SwiGLU, everything else), in ms
+per step, next to the step's wall time and the batch-1 bandwidth floor (weight bytes per token / copy bandwidth, as
+in bench/engine_bench.py).
 
 Run: .venv/bin/python bench/step_profile.py [--models DIR] [--batches 1,8,32] [--context 128]
 """

@@ -1,13 +1,18 @@
-"""Middleware every route runs through: the request id, and the spec's error envelope for raised PantheonErrors.
+"""Middleware every route runs through: the request id, Django's security and framing headers, and the spec's error
+envelope for raised PantheonErrors.
 
-Both work in Django's async stack without a thread hop on the normal path, so /v1 stays async end to end.
-Channels consumers (SSE) do not pass through Django middleware: they call `request_id_from_header` themselves.
+All of it works in Django's async stack without a thread hop on the normal path, so /v1 stays async end to end.
+Django's own middleware classes (MiddlewareMixin) run their hooks through `sync_to_async` under ASGI: one hop to
+the sync thread and back per hook, per request, which on a busy 2-core host cost a request milliseconds before its
+view ran (docs/performance.md). Channels consumers (SSE) do not pass through Django middleware: they call
+`request_id_from_header` themselves.
 """
 
 import re
 import uuid
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.middleware import clickjacking, security
 from django.utils.deprecation import MiddlewareMixin
 
 from pantheon_site.errors import PantheonError, render_error
@@ -57,3 +62,21 @@ class ErrorEnvelopeMiddleware(MiddlewareMixin):
         if isinstance(exception, PantheonError):
             return render_error(request, exception)
         return None
+
+
+class OnTheEventLoop:
+    """For a Django middleware class whose hooks do no I/O (they read settings and headers, and set headers): runs
+    them inline on the event loop under ASGI instead of through a thread hop each."""
+
+    async def __acall__(self, request):
+        response = self.process_request(request) if hasattr(self, "process_request") else None
+        response = response or await self.get_response(request)
+        return self.process_response(request, response) if hasattr(self, "process_response") else response
+
+
+class SecurityMiddleware(OnTheEventLoop, security.SecurityMiddleware):
+    """Django's: the HTTPS redirect and HSTS when configured, nosniff, the referrer and opener policies."""
+
+
+class XFrameOptionsMiddleware(OnTheEventLoop, clickjacking.XFrameOptionsMiddleware):
+    """Django's X-Frame-Options header."""

@@ -87,11 +87,11 @@ INSTALLED_APPS = [
 # of database work.
 MIDDLEWARE = [
     "pantheon_site.middleware.RequestIdMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    "pantheon_site.middleware.SecurityMiddleware",
+    "admin_ui.middleware.UiSessionMiddleware",
     "admin_ui.middleware.UiCsrfMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "admin_ui.middleware.UiAuthenticationMiddleware",
+    "pantheon_site.middleware.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "admin_ui.middleware.staff_only_middleware",
     "pantheon_site.middleware.ErrorEnvelopeMiddleware",
