@@ -226,17 +226,29 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
     answer = ctx.answer_parts(generation)
     calls: list = []
     yield chunk({"role": "assistant"})
-    async for event in generation:
-        if isinstance(event, p.Tokens):
-            logprobs = logprobs_content(event) if ctx.chat.wants_logprobs else None
-            for event_chunk in part_chunks(answer.push(event.text), logprobs):
-                yield event_chunk
-    for event_chunk in part_chunks(answer.flush()):
-        yield event_chunk
+    pending: list[bytes] = []  # chunks not written yet
+    try:
+        async for event in generation:
+            if isinstance(event, p.Tokens):
+                logprobs = logprobs_content(event) if ctx.chat.wants_logprobs else None
+                pending += part_chunks(answer.push(event.text), logprobs)
+            if pending and not generation.ready():
+                # Events that arrived together (the server fell behind the steps) leave in one write: each write
+                # is a trip through Django, daphne and a socket send, which is what a busy server can least afford.
+                yield b"".join(pending)
+                pending = []
+    except EngineError:
+        if pending:  # what arrived before the failure still reaches the client, ahead of the error event
+            yield b"".join(pending)
+        raise
+    pending += part_chunks(answer.flush())
     extra = {"tool_call_error": answer.error.body()} if answer.error is not None else {}
     reason = finish_reason(generation.finished.finish_reason, answer.calls)
     terminal = index == ctx.chat.generation.n - 1 and not ctx.chat.generation.include_usage
-    yield chunk({}, reason, top=ctx.format_status(generation.finished) | ctx.terminal_fields(terminal), **extra)
+    pending.append(
+        chunk({}, reason, top=ctx.format_status(generation.finished) | ctx.terminal_fields(terminal), **extra)
+    )
+    yield b"".join(pending)
 
 
 async def refused_stream(error: PantheonError) -> AsyncIterator[bytes]:

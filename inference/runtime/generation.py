@@ -56,6 +56,11 @@ class Generation:
     def __aiter__(self) -> Generation:
         return self
 
+    def ready(self) -> bool:
+        """Whether the next event has already arrived (iterating would not wait): a streaming route writes what
+        is already here in one write."""
+        return not self._done and not self._queue.empty()
+
     async def __anext__(self) -> Event:
         if self._done:
             raise StopAsyncIteration
