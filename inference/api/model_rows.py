@@ -97,7 +97,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "dtype": info.dtype if info else None,
         "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
         "weights_in_memory": {"bytes": info.weight_bytes, "linear_formats": info.linear_formats} if info else None,
-        "kv_cache": {"dtype": options.kv_dtype or info.dtype, "bytes": info.kv_bytes} if info else None,
+        "kv_cache": {"dtype": info.kv_dtype, "bytes": info.kv_bytes} if info else None,
         "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for

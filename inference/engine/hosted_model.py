@@ -30,7 +30,7 @@ from inference.engine.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from inference.engine.loaders.loading import LoadedModel, linear_formats, load_model
+from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, linear_formats, load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
@@ -170,7 +170,8 @@ class HostedModel:
         configured = configured_window(config, options.ctx_cap)
         element = element_size(options.dtype or None, device)
         budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
-        per_token = kv_bytes_per_token(config, element_size(options.kv_dtype or options.dtype or None, device))
+        kv_dtype = options.kv_dtype or automatic_kv_dtype(req.path, options.dtype or None, device)
+        per_token = kv_bytes_per_token(config, element_size(kv_dtype or options.dtype or None, device))
         window = effective_window(configured, per_token, slots, budget)
         if window < min(MIN_WINDOW, configured):
             raise MemoryError(
@@ -185,7 +186,7 @@ class HostedModel:
             attachable=attachable,
             device=device,
             dtype=options.dtype or None,
-            kv_dtype=options.kv_dtype or None,
+            kv_dtype=kv_dtype,
             quantize=options.quantize,
             max_concurrent=slots,
             context_window=window,
@@ -392,6 +393,7 @@ class HostedModel:
             dtype=str(model.dtype).removeprefix("torch."),
             weight_bytes=model.weight_bytes,
             kv_bytes=self.kv_bytes,
+            kv_dtype=str(model.runner.cache.keys[0].dtype).removeprefix("torch."),
             context_window=scheduler.context_window,
             context_window_configured=self.window_configured,
             max_concurrent=scheduler.max_concurrent,

@@ -44,8 +44,8 @@ FROM_WORKER = [
     p.Error(request_id="r1", reason=Reason.PROMPT_TOO_LONG, message="too long", kv_used=5000, kv_cap=4096),
     p.Error(request_id=None, reason=Reason.BAD_REQUEST, message="bad frame"),
     p.Loaded(request_id="c1", name="m", path="/models/x.gguf", format="gguf", architecture="llama", device="cuda:1",
-             dtype="bfloat16", weight_bytes=10, kv_bytes=20, context_window=2048, context_window_configured=4096,
-             max_concurrent=4, load_seconds=0.5, weights_version=-7),
+             dtype="bfloat16", weight_bytes=10, kv_bytes=20, kv_dtype="bfloat16", context_window=2048,
+             context_window_configured=4096, max_concurrent=4, load_seconds=0.5, weights_version=-7),
     p.Unloaded(request_id="c2", name="m", aborted=1),
     p.Status(request_id="c3", device="cpu", pid=123, memory_total=1000, memory_used=500, models=[
         p.ModelStatus(name="m", path="/x", state="ready", weight_bytes=1, kv_bytes=2, slots_used=0, slots_total=4,

@@ -218,15 +218,21 @@ def test_serve_stops_cleanly_with_its_workers(start_server, stories_hf_dir, oper
 
 
 def test_admin_models_shows_each_loads_in_memory_weights(api, tmp_path, stories_gguf_path):
-    """A GGUF file's quantized layers stay quantized with dtype automatic, and expand with dtype float32."""
+    """A GGUF file's quantized layers stay quantized with dtype automatic, next to a float16 KV cache unless the
+    load asks for another; they expand with dtype float32, and the KV follows the weights."""
     path = write_wide_gguf(tmp_path, Q.Q8_0, tokenizer=stories_gguf_path)
-    for name, dtype in (("kept", ""), ("expanded", "float32")):
-        response = api.post("/admin/models/load", json={"path": str(path), "name": name, "dtype": dtype})
+    loads = (("kept", "", ""), ("expanded", "float32", ""), ("wide_kv", "", "float32"))
+    for name, dtype, kv_dtype in loads:
+        body = {"path": str(path), "name": name, "dtype": dtype, "kv_dtype": kv_dtype}
+        response = api.post("/admin/models/load", json=body)
         assert response.status_code == 200, response.text
-    rows = {row["id"]: row["weights_in_memory"] for row in api.get("/admin/models").json()["data"]}
-    assert rows["kept"]["linear_formats"] == {"int8": 5}
-    assert rows["expanded"]["linear_formats"] == {"float32": 5}
-    assert rows["kept"]["bytes"] < 0.6 * rows["expanded"]["bytes"]
+    rows = {row["id"]: row for row in api.get("/admin/models").json()["data"]}
+    assert rows["kept"]["weights_in_memory"]["linear_formats"] == {"int8": 5}
+    assert rows["expanded"]["weights_in_memory"]["linear_formats"] == {"float32": 5}
+    assert rows["kept"]["weights_in_memory"]["bytes"] < 0.6 * rows["expanded"]["weights_in_memory"]["bytes"]
+    kv = {name: (row["kv_cache"]["dtype"], row["kv_cache"]["bytes"]) for name, row in rows.items()}
+    assert kv["kept"][0] == "float16" and kv["expanded"][0] == kv["wide_kv"][0] == "float32"
+    assert kv["kept"][1] * 2 == kv["wide_kv"][1]
 
 
 def test_a_16_bit_kv_cache_holds_the_same_window_in_half_the_bytes_and_serves(api, stories_hf_dir):

@@ -323,6 +323,7 @@ class Loaded(Message, tag="l"):
     dtype: str
     weight_bytes: int
     kv_bytes: int
+    kv_dtype: str  # the KV pool's dtype ("float32", "float16", ...): the load option's, or the automatic choice
     context_window: int
     context_window_configured: int
     max_concurrent: int

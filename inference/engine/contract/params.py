@@ -84,8 +84,9 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     kv_dtype: Annotated[
         DtypeName,
         Meta(
-            description="the KV cache's dtype (empty: the weights'); 16 bits hold twice the tokens in the same "
-            "memory and halve what a decode step reads, at a small cost in exactness (docs/kv-cache.md)"
+            description="the KV cache's dtype (empty: the weights', or float16 for a GGUF file whose quantized "
+            "layers stay quantized); 16 bits hold twice the tokens in the same memory and halve what a decode step "
+            "reads, at a small cost in exactness (docs/kv-cache.md)"
         ),
     ] = ""
     pooling: Annotated[

@@ -94,6 +94,12 @@ def read_gguf_config(path: str | Path) -> ModelConfig:
     return config_from_gguf(_open(path), path, None)
 
 
+def stored_tensor_types(path: str | Path) -> frozenset[str]:
+    """The ggml type names ("F32", "Q8_0", ...) of the file's tensors, without decoding any."""
+    path = Path(path)
+    return frozenset(tensor.tensor_type.name for tensor in _open(path).tensors)
+
+
 def hf_name_of(gguf_name: str) -> str | None:
     """The Hugging Face name of a GGUF tensor name, or None for a tensor the engine's model does not have."""
     if gguf_name in _TOP_LEVEL_NAMES:
