@@ -1,6 +1,7 @@
-"""The Q4_0 block kernel (model/block_quant.py, _block_matmul.c): a Q4_0 file's blocks come back exactly from their
-float32 expansion, and the kernel's products are the exact block sums of the quantized activations and weights,
-for any number of rows and output features (its tiles of 4 x 2 and 1 x 4 and every remainder)."""
+"""The block kernel (model/block_quant.py, _block_matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
+their float32 expansion, and the kernel's products are the exact block sums of the quantized activations and
+weights, for either format, any number of rows and output features (its tiles of 4 x 2 and 1 x 4 and every
+remainder), on every implementation the CPU runs."""
 
 import gguf
 import numpy as np
@@ -8,25 +9,41 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.model.block_quant import BLOCK, KERNEL, Q4_0Linear, decode_q4_0, encode_q4_0
+from inference.engine.model.block_quant import (
+    BLOCK,
+    KERNEL,
+    Q4_0Linear,
+    Q8_0Linear,
+    decode_q4_0,
+    decode_q8_0,
+    encode_q4_0,
+    encode_q8_0,
+)
 
-Q4_0 = gguf.GGMLQuantizationType.Q4_0
+Q = gguf.GGMLQuantizationType
+FORMATS = {
+    "Q4_0": (Q.Q4_0, Q4_0Linear, encode_q4_0, decode_q4_0),
+    "Q8_0": (Q.Q8_0, Q8_0Linear, encode_q8_0, decode_q8_0),
+}
 
 
-def _q4_0_file_values(rng: np.random.Generator, rows: int, cols: int) -> tuple[torch.Tensor, np.ndarray]:
-    """A weight written as Q4_0 by the gguf package: its float32 expansion and the file's per-block scales."""
-    raw = gguf.quants.quantize((0.05 * rng.standard_normal((rows, cols))).astype(np.float32), Q4_0)
-    expanded = gguf.quants.dequantize(raw, Q4_0)
+def _file_values(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> tuple[torch.Tensor, np.ndarray]:
+    """A weight written as `qtype` by the gguf package: its float32 expansion and the file's per-block scales."""
+    raw = gguf.quants.quantize((0.05 * rng.standard_normal((rows, cols))).astype(np.float32), qtype)
+    expanded = gguf.quants.dequantize(raw, qtype)
     scales = raw.reshape(rows, cols // BLOCK, -1)[..., :2].copy().view(np.float16)[..., 0]
     return torch.from_numpy(np.ascontiguousarray(expanded)), scales.astype(np.float32)
 
 
-def test_a_q4_0_files_blocks_are_found_again_exactly():
-    weight, file_scales = _q4_0_file_values(np.random.default_rng(0), 48, 512)
-    codes, scales = encode_q4_0(weight)
-    assert codes.dtype == torch.uint8 and codes.shape == (48, 256)
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_files_blocks_are_found_again_exactly(name: str):
+    qtype, _, encode, decode = FORMATS[name]
+    weight, file_scales = _file_values(np.random.default_rng(0), 48, 512, qtype)
+    codes, scales = encode(weight)
+    assert codes.shape == (48, 256 if name == "Q4_0" else 512)
+    assert codes.dtype == (torch.uint8 if name == "Q4_0" else torch.int8)
     assert scales.dtype == torch.float16 and np.array_equal(scales.float().numpy(), file_scales)
-    assert torch.equal(decode_q4_0(codes, scales), weight)
+    assert torch.equal(decode(codes, scales), weight)
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -52,15 +69,19 @@ def kernel(request):
     KERNEL.select(chosen)
 
 
+@pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("out_features", [6, 8, 13])
-def test_the_kernel_computes_the_quantized_product(kernel: str, rows: int, out_features: int):
+def test_the_kernel_computes_the_quantized_product(kernel: str, name: str, rows: int, out_features: int):
+    qtype, layer_class, _, _ = FORMATS[name]
     torch.manual_seed(rows * 100 + out_features)
-    weight, _ = _q4_0_file_values(np.random.default_rng(out_features), out_features, 768)
+    weight, _ = _file_values(np.random.default_rng(out_features), out_features, 768, qtype)
+    if name == "Q8_0":
+        weight[0, :BLOCK] = -weight[0, :BLOCK].abs()  # a block whose codes reach -127: the sign trick's edge
     linear = nn.Linear(768, out_features, bias=True)
     with torch.no_grad():
         linear.weight.copy_(weight)
-    layer = Q4_0Linear(linear)
+    layer = layer_class(linear)
     x = torch.randn(rows, 768)
     x[0, :BLOCK] = 0  # a block of zeros: scale 0, no division by it
     got = layer(x)
@@ -72,8 +93,9 @@ def test_the_kernel_computes_the_quantized_product(kernel: str, rows: int, out_f
     assert (got - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
-def test_leading_dimensions_are_kept():
+@pytest.mark.parametrize("layer_class", [Q4_0Linear, Q8_0Linear])
+def test_leading_dimensions_are_kept(layer_class):
     linear = nn.Linear(256, 16, bias=False)
-    layer = Q4_0Linear(linear)
+    layer = layer_class(linear)
     x = torch.randn(2, 3, 256)
     assert torch.allclose(layer(x), layer(x.reshape(6, 256)).reshape(2, 3, 16))

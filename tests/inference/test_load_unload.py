@@ -227,7 +227,7 @@ def test_admin_models_shows_each_loads_in_memory_weights(api, tmp_path, stories_
         response = api.post("/admin/models/load", json=body)
         assert response.status_code == 200, response.text
     rows = {row["id"]: row for row in api.get("/admin/models").json()["data"]}
-    assert rows["kept"]["weights_in_memory"]["linear_formats"] == {"int8": 5}
+    assert rows["kept"]["weights_in_memory"]["linear_formats"] == {"q8_0": 5}
     assert rows["expanded"]["weights_in_memory"]["linear_formats"] == {"float32": 5}
     assert rows["kept"]["weights_in_memory"]["bytes"] < 0.6 * rows["expanded"]["weights_in_memory"]["bytes"]
     kv = {name: (row["kv_cache"]["dtype"], row["kv_cache"]["bytes"]) for name, row in rows.items()}

@@ -19,7 +19,7 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.model.block_quant import Q4_0Linear
+from inference.engine.model.block_quant import Q4_0Linear, Q8_0Linear
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.int4 import Int4Linear
 from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -168,12 +168,14 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
 
 
 def linear_formats(model: torch.nn.Module) -> dict[str, int]:
-    """How many linear layers keep their weights in each in-memory format: "q4_0" (model/block_quant.py),
+    """How many linear layers keep their weights in each in-memory format: "q4_0", "q8_0" (model/block_quant.py),
     "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype ("float32", "bfloat16", "float16")."""
     counts: dict[str, int] = {}
     for module in model.modules():
         if isinstance(module, Q4_0Linear):
             kind = "q4_0"
+        elif isinstance(module, Q8_0Linear):
+            kind = "q8_0"
         elif isinstance(module, Int4Linear):
             kind = "int4"
         elif isinstance(module, DynamicInt8Linear | WeightOnlyInt8Linear):

@@ -1,4 +1,4 @@
-/* Matmul of float32 activations with Q4_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
+/* Matmul of float32 activations with Q4_0- or Q8_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
  * 4-bit codes c (value = (c - 8) * d), two to a byte. Each call quantizes the activations to 8 bits with one scale
@@ -11,11 +11,16 @@
  * pair sums stay under 15 * 127 * 2), and 8 * sum(x) is counted once per activation block when x is quantized.
  * Without AVX2, plain C.
  *
+ * Q8_0 blocks (34 bytes per 32 values in the file: a float16 scale and 32 signed 8-bit codes) are kept as signed
+ * codes [N, K] and scales [N, K/32]. Their block sums use the sign trick of the byte multiply-adds: |w| (unsigned)
+ * times x carrying w's sign, so no offset is subtracted; |w| <= 128 keeps AVX2's pair sums under 2 * 128 * 127.
+ *
  * Layout: a row's K values are cut into super-blocks of 8 blocks (256 values), and a super-block's codes are seen as
  * 8 vectors of 32 bytes, vector g holding values 4g .. 4g + 3 of each of the 8 blocks (block j in bytes
  * 4j .. 4j + 3). A multiply-add of 4 byte pairs per int32 lane then builds all 8 blocks' sums at once, lane j block
  * j's, and the float work (convert, scale, add) is done once per 8 blocks instead of once per block. The weights
- * pack vectors g and g + 4 into 32 bytes: g's in the low nibbles, g + 4's in the high ones. The activations' 8-bit
+ * pack vectors g and g + 4 into 32 bytes: g's in the low nibbles, g + 4's in the high ones (Q4_0), or keep each
+ * vector in 32 bytes of its own (Q8_0). The activations' 8-bit
  * codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
  *
  * Output rows are split in contiguous shares among OpenMP threads, with the GIL released; the extension links
@@ -35,14 +40,18 @@
 #define SUPER 256 /* values per super-block: 8 blocks */
 #define ROWS_PER_TILE 4
 
+enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1 };
+
 typedef struct {
     float *out;            /* [M, N] */
     const int8_t *xq;      /* [M, K] activation codes, interleaved */
     const float *xd;       /* [M, K/32] activation scales */
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
-    const uint8_t *codes;  /* uint8 [N, K/2], interleaved */
+    const uint8_t *codes;  /* Q4_0: uint8 [N, K/2]; Q8_0: int8 [N, K]; interleaved */
     const uint16_t *wd;    /* [N, K/32] weight scales, float16 */
     int64_t m, n, k;
+    int64_t row_bytes;     /* bytes of one weight row's codes */
+    int format;
 } Matmul;
 
 /* One row of activations: codes = round(x / d) with d = max |x| / 127 per block of 32 (ties to even, as the vector
@@ -74,13 +83,15 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
             float total = 0.0f;
             for (int64_t s = 0; s < supers; s++) {
                 int32_t sums[8];
-                for (int j = 0; j < 8; j++) sums[j] = -mm->xsum8[m * blocks + s * 8 + j];
-                const uint8_t *packed = mm->codes + n * (mm->k / 2) + s * (SUPER / 2);
+                const int q8 = mm->format == FORMAT_Q8_0;
+                for (int j = 0; j < 8; j++) sums[j] = q8 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
+                const uint8_t *codes = mm->codes + n * mm->row_bytes + s * (q8 ? SUPER : SUPER / 2);
                 const int8_t *x = mm->xq + m * mm->k + s * SUPER;
                 for (int g = 0; g < 8; g++)
                     for (int p = 0; p < BLOCK; p++) {
-                        const uint8_t byte = packed[(g % 4) * BLOCK + p];
-                        sums[p / 4] += (g < 4 ? byte & 0x0F : byte >> 4) * x[g * BLOCK + p];
+                        const uint8_t byte = codes[(q8 ? g : g % 4) * BLOCK + p];
+                        const int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
+                        sums[p / 4] += w * x[g * BLOCK + p];
                     }
                 for (int j = 0; j < 8; j++)
                     total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * mm->xd[m * blocks + s * 8 + j]);
@@ -148,11 +159,22 @@ __attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_vnni(
     return _mm256_dpbusd_epi32(sums, codes, x);
 }
 
+/* sums += the 4-pair dot products of signed codes and signed activation bytes: |w| times x with w's sign */
+__attribute__((target(AVX2), always_inline)) static inline __m256i dot_add_signed_avx2(__m256i sums, __m256i w,
+                                                                                      __m256i x) {
+    return dot_add_avx2(sums, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+__attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_signed_vnni(__m256i sums, __m256i w,
+                                                                                      __m256i x) {
+    return dot_add_vnni(sums, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
 /* Asks for the weight rows PREFETCH_ROWS further on: a thread walks its rows in order, but the hardware prefetcher,
  * seeing a few rows read side by side in short runs, fetches too little ahead of them. */
 #define PREFETCH_ROWS 8
 static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
-    const int64_t row_bytes = mm->k / 2, blocks = mm->k / BLOCK;
+    const int64_t row_bytes = mm->row_bytes, blocks = mm->k / BLOCK;
     const int64_t first = n0 + PREFETCH_ROWS, last = first + RN < mm->n ? first + RN : mm->n;
     if (first >= last) return;
     const char *codes = (const char *)mm->codes + first * row_bytes;
@@ -162,9 +184,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
 }
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
- * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block. */
-#define TILE(TARGET, SUFFIX)                                                                                       \
-    __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX(                               \
+ * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
+ * codes are the values plus 8), at 0 for Q8_0. Q8 is a constant: each format gets its own code. */
+#define TILE(TARGET, SUFFIX, FMT, Q8)                                                                              \
+    __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
         const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;                                              \
         const __m256i low_nibbles = _mm256_set1_epi8(0x0F);                                                        \
@@ -175,25 +198,38 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
         for (int64_t s = 0; s < supers; s++) {                                                                     \
             __m256i sums[4][ROWS_PER_TILE];                                                                        \
             for (int r = 0; r < RM; r++) {                                                                         \
-                const __m256i start = _mm256_sub_epi32(                                                            \
-                    _mm256_setzero_si256(),                                                                        \
-                    _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));                 \
+                const __m256i start =                                                                              \
+                    Q8 ? _mm256_setzero_si256()                                                                    \
+                       : _mm256_sub_epi32(_mm256_setzero_si256(),                                                  \
+                                          _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks +     \
+                                                                               s * 8)));                           \
                 for (int i = 0; i < RN; i++) sums[i][r] = start;                                                   \
             }                                                                                                      \
             _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) {                                                  \
-                __m256i low[4], high[4];                                                                           \
+                __m256i low[4], high[4]; /* the weight vectors that meet activation vectors h and h + 4 */        \
                 for (int i = 0; i < RN; i++) {                                                                     \
-                    const __m256i packed = _mm256_loadu_si256(                                                     \
-                        (const __m256i *)(mm->codes + (n0 + i) * (mm->k / 2) + s * (SUPER / 2)) + h);              \
-                    low[i] = _mm256_and_si256(packed, low_nibbles);                                                \
-                    high[i] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);                         \
+                    const __m256i *row = (const __m256i *)(mm->codes + (n0 + i) * mm->row_bytes +                  \
+                                                           s * (Q8 ? SUPER : SUPER / 2));                          \
+                    if (Q8) {                                                                                      \
+                        low[i] = _mm256_loadu_si256(row + h);                                                      \
+                        high[i] = _mm256_loadu_si256(row + h + 4);                                                 \
+                    } else {                                                                                       \
+                        const __m256i packed = _mm256_loadu_si256(row + h);                                        \
+                        low[i] = _mm256_and_si256(packed, low_nibbles);                                            \
+                        high[i] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);                     \
+                    }                                                                                              \
                 }                                                                                                  \
                 for (int r = 0; r < RM; r++) {                                                                     \
                     const __m256i *x = (const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER);                   \
                     const __m256i x_low = _mm256_loadu_si256(x + h), x_high = _mm256_loadu_si256(x + h + 4);       \
                     for (int i = 0; i < RN; i++) {                                                                 \
-                        sums[i][r] = dot_add_##SUFFIX(sums[i][r], low[i], x_low);                                  \
-                        sums[i][r] = dot_add_##SUFFIX(sums[i][r], high[i], x_high);                                \
+                        if (Q8) {                                                                                  \
+                            sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], low[i], x_low);                       \
+                            sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], high[i], x_high);                     \
+                        } else {                                                                                   \
+                            sums[i][r] = dot_add_##SUFFIX(sums[i][r], low[i], x_low);                              \
+                            sums[i][r] = dot_add_##SUFFIX(sums[i][r], high[i], x_high);                            \
+                        }                                                                                          \
                     }                                                                                              \
                 }                                                                                                  \
             }                                                                                                      \
@@ -209,28 +245,39 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
         for (int i = 0; i < RN; i++)                                                                               \
             for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum8_ps(acc[i][r]);                  \
     }                                                                                                              \
-    __attribute__((target(TARGET), always_inline)) static inline void tiles_##SUFFIX(                              \
+    __attribute__((target(TARGET), always_inline)) static inline void tiles_##SUFFIX##FMT(                        \
         const Matmul *mm, int64_t n0, const int RN) {                                                              \
         int64_t m0 = 0;                                                                                            \
-        for (; m0 + ROWS_PER_TILE <= mm->m; m0 += ROWS_PER_TILE) tile_##SUFFIX(mm, n0, m0, RN, ROWS_PER_TILE);    \
+        for (; m0 + ROWS_PER_TILE <= mm->m; m0 += ROWS_PER_TILE) tile_##SUFFIX##FMT(mm, n0, m0, RN, ROWS_PER_TILE); \
         switch (mm->m - m0) {                                                                                      \
-        case 3: tile_##SUFFIX(mm, n0, m0, RN, 3); break;                                                           \
-        case 2: tile_##SUFFIX(mm, n0, m0, RN, 2); break;                                                           \
-        case 1: tile_##SUFFIX(mm, n0, m0, RN, 1); break;                                                           \
+        case 3: tile_##SUFFIX##FMT(mm, n0, m0, RN, 3); break;                                                      \
+        case 2: tile_##SUFFIX##FMT(mm, n0, m0, RN, 2); break;                                                      \
+        case 1: tile_##SUFFIX##FMT(mm, n0, m0, RN, 1); break;                                                      \
         default: break;                                                                                            \
         }                                                                                                          \
     }                                                                                                              \
-    __attribute__((target(TARGET))) static void matmul_rows_##SUFFIX(const Matmul *mm, int64_t n_first,           \
-                                                                     int64_t n_last) {                             \
+    __attribute__((target(TARGET))) static void matmul_rows_##SUFFIX##FMT(const Matmul *mm, int64_t n_first,      \
+                                                                         int64_t n_last) {                         \
         int64_t n = n_first;                                                                                       \
         if (mm->m < ROWS_PER_TILE) /* few rows: more weight rows per tile keep more multiply-add chains going */   \
-            for (; n + 4 <= n_last; n += 4) tiles_##SUFFIX(mm, n, 4);                                              \
-        for (; n + 2 <= n_last; n += 2) tiles_##SUFFIX(mm, n, 2);                                                  \
-        if (n < n_last) tiles_##SUFFIX(mm, n, 1);                                                                  \
+            for (; n + 4 <= n_last; n += 4) tiles_##SUFFIX##FMT(mm, n, 4);                                         \
+        for (; n + 2 <= n_last; n += 2) tiles_##SUFFIX##FMT(mm, n, 2);                                             \
+        if (n < n_last) tiles_##SUFFIX##FMT(mm, n, 1);                                                             \
     }
 
-TILE(AVX2, avx2)
-TILE(VNNI, vnni)
+TILE(AVX2, avx2, _q4_0, 0)
+TILE(AVX2, avx2, _q8_0, 1)
+TILE(VNNI, vnni, _q4_0, 0)
+TILE(VNNI, vnni, _q8_0, 1)
+
+/* One implementation's row walk, per weight format. */
+#define BY_FORMAT(SUFFIX)                                                                                          \
+    __attribute__((unused)) static void matmul_rows_##SUFFIX(const Matmul *mm, int64_t n_first, int64_t n_last) {  \
+        if (mm->format == FORMAT_Q8_0) matmul_rows_##SUFFIX##_q8_0(mm, n_first, n_last);                           \
+        else matmul_rows_##SUFFIX##_q4_0(mm, n_first, n_last);                                                     \
+    }
+BY_FORMAT(avx2)
+BY_FORMAT(vnni)
 #endif
 
 /* Fewer threads than cores for a small matmul: a share of a few rows costs more to hand out than to compute. */
@@ -242,11 +289,16 @@ static int threads_for(int64_t work, int64_t per_thread_at_least) {
 static PyObject *matmul(PyObject *self, PyObject *args) {
     Py_ssize_t out, x, codes, scales;
     Matmul mm;
-    if (!PyArg_ParseTuple(args, "nnnnLLL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k)) return NULL;
+    if (!PyArg_ParseTuple(args, "nnnnLLLi", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format)) return NULL;
     if (mm.k % SUPER != 0) {
         PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
         return NULL;
     }
+    if (mm.format != FORMAT_Q4_0 && mm.format != FORMAT_Q8_0) {
+        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0) or 1 (Q8_0)");
+        return NULL;
+    }
+    mm.row_bytes = mm.format == FORMAT_Q8_0 ? mm.k : mm.k / 2;
     const int64_t blocks = mm.k / BLOCK;
     /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
     int8_t *xq = malloc((size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks));
@@ -312,8 +364,8 @@ static PyObject *select_kernel(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
-     "matmul(out, x, codes, scales, m, n, k): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T (pointers as "
-     "ints; float32 out and x, float16 scales)."},
+     "matmul(out, x, codes, scales, m, n, k, format): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T "
+     "(pointers as ints; float32 out and x, float16 scales; format 0: Q4_0 codes, 1: Q8_0 codes)."},
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},

@@ -1,15 +1,16 @@
-"""Linear layers that keep a GGUF Q4_0 file's blocks in memory (CPU): 4-bit codes with a float16 scale per 32 input
-values, 18 bytes per block as in the file, multiplied by the C kernel `_block_matmul.c`.
+"""Linear layers that keep a GGUF Q4_0 or Q8_0 file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0) codes
+with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file, multiplied by the C kernel
+`_block_matmul.c`.
 
-Re-encoding the file's float32 expansion with GGUF's Q4_0 rule gives back the file's codes and scales exactly (a
-block's value of largest magnitude is code 0 times its scale, so the scale is found again, and every value divides
-to its code), so these layers compute with the file's own weights: half the bytes of int8 per output channel, and
-none of its requantization error. Each call quantizes the activations to 8 bits per block of 32 values of a row,
-as llama.cpp does for Q4_0; docs/quantized-weights.md has the error this gives against the float32 expansion, and
-the speed against the int8 form.
+Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
+value of largest magnitude is code 0 (Q4_0) or +-127 (Q8_0) times its scale, so the scale is found again, and every
+value divides to its code), so these layers compute with the file's own weights: for Q4_0 half the bytes of int8
+per output channel, and for both none of its requantization error. Each call quantizes the activations to 8 bits
+per block of 32 values of a row, as llama.cpp does; docs/quantized-weights.md has the error this gives against the
+float32 expansion, and the speed against the int8 form.
 
 The kernel is optional like the attention one (paged_attention.py): without a C compiler `KERNEL` is None and Q4_0
-layers take another form (stored_quant.py).
+and Q8_0 layers take another form (stored_quant.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,25 @@ def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.reshape(out_features, in_features // 2), scale.to(torch.float16)
 
 
+def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF's Q8_0 rule for each block of 32 values of a float weight [out, in], in the kernel's layout: codes int8
+    [out, in] (round(value / scale), halves away from zero as ggml rounds) and float16 scales [out, in / 32], the
+    block's largest magnitude over 127."""
+    out_features, in_features = weight.shape
+    blocks = weight.float().reshape(out_features, in_features // BLOCK, BLOCK)
+    scale = blocks.abs().amax(dim=-1) / 127
+    inverse = torch.where(scale != 0, 1 / scale, 0.0)[..., None]
+    scaled = blocks * inverse
+    codes = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
+    return _interleave(codes).reshape(out_features, in_features), scale.to(torch.float16)
+
+
+def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that Q8_0 codes and scales stand for."""
+    values = _deinterleave(codes.reshape(codes.shape[0], -1, 8, BLOCK))
+    return (values.float() * scales.float()[..., None]).reshape(codes.shape[0], -1)
+
+
 def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that codes and scales stand for."""
     return (_values(codes).float() * scales.float()[..., None]).reshape(codes.shape[0], -1)
@@ -71,12 +91,15 @@ def _deinterleave(vectors: torch.Tensor) -> torch.Tensor:
     return vectors.reshape(out_features, -1, 8, 8, 4).transpose(2, 3).reshape(out_features, -1, BLOCK)
 
 
-class Q4_0Linear(nn.Module):
-    """A linear layer whose weight is Q4_0 blocks (see the module docstring)."""
+class BlockLinear(nn.Module):
+    """A linear layer whose weight is a GGUF file's blocks, codes and float16 scales as `encode` lays them out."""
+
+    FORMAT: int  # the kernel's code for the weight format
+    encode: staticmethod
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        codes, scales = encode_q4_0(linear.weight.detach())
+        codes, scales = self.encode(linear.weight.detach())
         self.out_features, self.in_features = linear.weight.shape
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
@@ -100,9 +123,24 @@ class Q4_0Linear(nn.Module):
             rows.shape[0],
             self.out_features,
             self.in_features,
+            self.FORMAT,
         )
         if x.dim() != 2:
             out = out.view(*x.shape[:-1], self.out_features)
         if x.dtype != torch.float32:
             out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+class Q4_0Linear(BlockLinear):
+    """Q4_0 blocks: 4-bit codes (the value plus 8, two to a byte)."""
+
+    FORMAT = 0
+    encode = staticmethod(encode_q4_0)
+
+
+class Q8_0Linear(BlockLinear):
+    """Q8_0 blocks: signed 8-bit codes."""
+
+    FORMAT = 1
+    encode = staticmethod(encode_q8_0)

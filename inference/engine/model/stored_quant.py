@@ -1,14 +1,14 @@
 """Which in-memory form a linear layer takes when its checkpoint stores it quantized (GGUF Q4_0, Q4_K, Q5_K, Q6_K,
-Q8_0), on CPU with dtype left automatic: the file's own Q4_0 blocks (model/block_quant.py), 4-bit codes for torch's
-int4 kernel (model/int4.py), int8 per output channel (model/quantize.py's fbgemm layer), or float32 as the file
-expands to.
+Q8_0), on CPU with dtype left automatic: the file's own Q4_0 or Q8_0 blocks (model/block_quant.py), 4-bit codes for
+torch's int4 kernel (model/int4.py), int8 per output channel (model/quantize.py's fbgemm layer), or float32 as the
+file expands to.
 
 The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
   of a quantized call (quantizing its activations) is several times a small float GEMM's.
-- A layer made only of Q4_0 tensors keeps the file's blocks where the block kernel is built: the file's exact
-  weights in fewer bytes than int8, faster than int8 for one to eight rows on AVX-512 VNNI (slower for a few dozen
-  rows and for prompt chunks; docs/quantized-weights.md).
+- A layer made only of Q4_0 tensors, or only of Q8_0 ones, keeps the file's blocks where the block kernel is
+  built: the file's exact weights (for Q4_0 in fewer bytes than int8), faster than int8 for one to eight rows on
+  AVX-512 VNNI (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md).
 - Otherwise, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for torch's int4
   kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
@@ -25,12 +25,13 @@ import torch
 from torch import nn
 
 from inference.engine.model import block_quant
-from inference.engine.model.block_quant import Q4_0Linear, fits_blocks
+from inference.engine.model.block_quant import Q4_0Linear, Q8_0Linear, fits_blocks
 from inference.engine.model.int4 import Int4Linear, fits_int4
 from inference.engine.model.quantize import DynamicInt8Linear
 
 QUANTIZED_TYPES = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"})
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
+BLOCK_TYPES = ("Q4_0", "Q8_0")  # the types whose blocks the block kernel multiplies as they are
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
 
@@ -55,13 +56,15 @@ class KeepQuantized:
     min_elements: int = MIN_QUANTIZED_ELEMENTS
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "q4_0", "int4", "int8", or None (stays float) for a linear layer fused from the tensors
+        """ "q4_0", "q8_0", "int4", "int8", or None (stays float) for a linear layer fused from the tensors
         `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
-        if self.block_kernel and all(t == "Q4_0" for t in types) and fits_blocks(linear):
-            return "q4_0"
+        if self.block_kernel and fits_blocks(linear):
+            for block_type in BLOCK_TYPES:
+                if all(t == block_type for t in types):
+                    return block_type.lower()
         if self.int4_kernel and all(t in FOUR_BIT_TYPES for t in types) and fits_int4(linear):
             return "int4"
         return "int8"
@@ -69,6 +72,7 @@ class KeepQuantized:
 
 LAYERS = {
     "q4_0": Q4_0Linear,
+    "q8_0": Q8_0Linear,
     "int4": Int4Linear,
     "int8": DynamicInt8Linear,
 }
