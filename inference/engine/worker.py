@@ -73,8 +73,15 @@ class Worker:
         parent_pid: int | None = None,
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
         threads: int | None = None,
+        freeze_heap: bool = False,
     ):
         self.socket = socket
+        # A worker that owns its process moves the objects alive at start and after each load (the imports, the
+        # models) out of the cyclic collector's reach: they live as long as the worker or their model, and a full
+        # collection walking them paused the stepping loop, and so every stream, for 150-170 ms
+        # (docs/performance.md). What a step allocates is still collected; free_memory unfreezes an unloaded
+        # model's objects before it collects. Off for a worker in a thread of another process (tests).
+        self.freeze_heap = freeze_heap
         self.device = device
         self.heartbeat_interval = heartbeat_interval
         self.parent_pid = parent_pid  # exit when this process is no longer our parent (the control plane died)
@@ -102,6 +109,7 @@ class Worker:
         return outputs
 
     def run(self) -> None:
+        self.freeze()
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.send(p.Ready(device=self.device, pid=os.getpid(), cuda_devices=cuda_devices))
         while not self.stopping:
@@ -322,6 +330,7 @@ class Worker:
                 ServedWeights(hosted, attachable_load=req.limits.attachable), req.limits.weights_timers, self.loader
             )
             self.models[req.name] = hosted
+            self.freeze()
             self.send(hosted.loaded(req, pending.started))
 
     def unload(self, req: p.Unload) -> None:
@@ -377,9 +386,16 @@ class Worker:
         del self.models[hosted.name]
         return p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted))
 
+    def freeze(self) -> None:
+        if self.freeze_heap:
+            gc.freeze()
+
     def free_memory(self) -> None:
         """After an unload: the model's memory goes back to the device, and on the host to the operating system."""
+        if self.freeze_heap:
+            gc.unfreeze()  # the unloaded model's objects were frozen with it: collectable again
         gc.collect()
+        self.freeze()
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
         return_freed_memory()

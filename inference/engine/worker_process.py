@@ -30,8 +30,9 @@ def compute_threads() -> int:
 
 def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | None = None,
           parent_pid: int | None = None, heartbeat_interval: float = HEARTBEAT_INTERVAL,
-          threads: int | None = None) -> None:  # fmt: skip
-    """Connects to the control plane and runs the worker loop until SHUTDOWN (or SIGTERM, in a process)."""
+          threads: int | None = None, freeze_heap: bool = False) -> None:  # fmt: skip
+    """Connects to the control plane and runs the worker loop until SHUTDOWN (or SIGTERM, in a process);
+    `freeze_heap` when the worker owns its process (Worker says why)."""
     context = context or zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.IDENTITY, identity.encode())
@@ -39,7 +40,14 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
     socket.setsockopt(zmq.RCVHWM, 0)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(endpoint)
-    worker = Worker(socket, device, parent_pid=parent_pid, heartbeat_interval=heartbeat_interval, threads=threads)
+    worker = Worker(
+        socket,
+        device,
+        parent_pid=parent_pid,
+        heartbeat_interval=heartbeat_interval,
+        threads=threads,
+        freeze_heap=freeze_heap,
+    )
     if parent_pid is not None:
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the control plane's to handle
@@ -59,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
     serve(args.endpoint, args.device, args.identity, parent_pid=os.getppid(),
-          heartbeat_interval=args.heartbeat_interval, threads=compute_threads())  # fmt: skip
+          heartbeat_interval=args.heartbeat_interval, threads=compute_threads(), freeze_heap=True)  # fmt: skip
 
 
 if __name__ == "__main__":
