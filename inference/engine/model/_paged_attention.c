@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_fast_exp.h"
+
 enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1, KV_BFLOAT16 = 2 };
 
 typedef struct {
@@ -167,26 +169,6 @@ static inline int64_t first_key_block(const Work *w, int64_t pair) {
     return (h * w->pool_blocks + w->table[b * w->table_width]) * w->block_size * w->dim;
 }
 
-/* exp(x) for x <= 0 (a score less the row's largest), in a form the compiler vectorizes: libm's expf is a call per
- * value. Cephes' single-precision polynomial after reducing x to r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp.
- * Below -87 the result is clamped to exp(-87) (~1.6e-38): a softmax weight that small is zero at float precision. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 MULTIVERSION
 static void softmax(float *s, int64_t length) {
     float top = -INFINITY, total = 0.0f;
@@ -194,7 +176,7 @@ static void softmax(float *s, int64_t length) {
     for (int64_t p = 0; p < length; p++) top = s[p] > top ? s[p] : top;
 #pragma omp simd reduction(+ : total)
     for (int64_t p = 0; p < length; p++) {
-        s[p] = exp_nonpositive(s[p] - top);
+        s[p] = fast_exp(s[p] - top);
         total += s[p];
     }
     const float inv = 1.0f / total;

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_fast_exp.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -42,31 +44,11 @@ static void normalize_row(float *out, float *x, const float *residual, const flo
     for (int64_t i = 0; i < dim; i++) out[i] = x[i] * scale * weight[i];
 }
 
-/* exp(x) in a form the compiler vectorizes (libm's expf is a call per value): Cephes' single-precision polynomial
- * after reducing x to r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp. x is clamped to [-87, 88], where float32's
- * exp neither underflows to a denormal nor overflows. */
-static inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). */
 MULTIVERSION
 static void swiglu_row(float *out, const float *gate, const float *up, int64_t width) {
 #pragma omp simd
-    for (int64_t i = 0; i < width; i++) out[i] = gate[i] / (1.0f + exp_clamped(-gate[i])) * up[i];
+    for (int64_t i = 0; i < width; i++) out[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
 }
 
 static PyObject *rms_norm(PyObject *self, PyObject *args) {
