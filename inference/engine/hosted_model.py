@@ -30,13 +30,14 @@ from inference.engine.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, linear_formats, load_model
+from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.session_calls import SessionCall, answer
 from inference.engine.sessions import SessionTable
+from inference.engine.step_threads import StepThreads
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
@@ -154,12 +155,12 @@ class HostedModel:
         req: p.Load,
         device: str,
         progress: ReadProgress | None = None,
-        step_threads: Callable[[int], int | None] | None = None,
+        step_threads: Callable[[LoadedModel], StepThreads | None] | None = None,
     ) -> HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
         reports `progress`, which the read counts, while it runs). With the `compile` option the decode step is
         compiled for every batch-size bucket before the load answers, for the intra-op threads `step_threads`
-        gives a model of that many weight bytes (the worker's choice when it steps it).
+        gives the model (the worker's choice when it steps it).
         The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
         a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
         options, limits = req.options, req.limits
@@ -195,7 +196,8 @@ class HostedModel:
             progress=progress,
         )
         if options.compile:
-            model.runner.compile_decode(threads=step_threads(model.weight_bytes) if step_threads else None)
+            threads = step_threads(model) if step_threads else None
+            model.runner.compile_decode(threads=threads.torch if threads else None)
         sessions = None
         if limits.max_sessions:
             sessions = SessionTable(
@@ -402,7 +404,7 @@ class HostedModel:
             tool_dialect=self.tool_dialect,
             thinks_before_grammar=self.think_in_prompt or self.think_open_id is not None,
             weights=self.barrier.snapshot(),
-            linear_formats=linear_formats(model.runner.model),
+            linear_formats=model.linear_formats,
             graphs=self.decode_graphs(),
         )
 

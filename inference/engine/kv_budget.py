@@ -49,13 +49,18 @@ def kv_bytes_per_token(config: ModelConfig, element_bytes: int) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
 
 
-def weight_bytes_estimate(config: ModelConfig, element_bytes: int) -> int:
-    """The weights at `element_bytes` per parameter (an int8 load takes less, so this errs on the safe side). A tied
-    output head is counted again: the engine keeps its own copy of it for the final matmul."""
+def parameter_count(config: ModelConfig) -> int:
+    """The model's parameters, a tied output head counted twice: the engine keeps its own copy of it for the final
+    matmul."""
     params = sum(math.prod(shape) for shape in expected_hf_shapes(config).values())
     if config.tie_word_embeddings:
         params += config.vocab_size * config.hidden_size
-    return params * element_bytes
+    return params
+
+
+def weight_bytes_estimate(config: ModelConfig, element_bytes: int) -> int:
+    """The weights at `element_bytes` per parameter (an int8 load takes less, so this errs on the safe side)."""
+    return parameter_count(config) * element_bytes
 
 
 def configured_window(config: ModelConfig, requested: int) -> int:

@@ -26,16 +26,14 @@ from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
-from inference.engine.loaders.loading import return_freed_memory
+from inference.engine.loaders.loading import LoadedModel, return_freed_memory
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sequence import Sequence
+from inference.engine.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.weights.barrier import WeightsBarrier
 from inference.engine.weights.served_weights import ServedWeights
 
 HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
-# A CPU model with fewer weight bytes than this steps on one thread: its ops take microseconds, less than waking and
-# joining a second thread costs (stories260K served 638 tok/s to one stream on one thread, 279 on two).
-SMALL_MODEL_BYTES = 64 * 2**20
 # A chat prompt with fewer characters than this is templated and tokenized on the loop itself: it takes less time
 # than handing it to the preparation thread and noticing the result.
 INLINE_PREPARE_CHARS = 16 * 1024
@@ -266,18 +264,17 @@ class Worker:
                 message = f"preparing the prompt failed: {type(exc).__name__}: {exc}"
                 self.send(p.Error(request_id=request_id, reason=Reason.INTERNAL, message=message))
 
-    def step_threads(self, weight_bytes: int) -> int | None:
-        """The intra-op threads a model of `weight_bytes` steps with (None: torch's setting, left alone): one for a
-        small CPU model, whose ops are too short to share, else the worker's."""
+    def step_threads(self, model: LoadedModel) -> StepThreads | None:
+        """The threads a model steps with (step_threads.py; None: torch's setting, left alone)."""
         if self.threads is None or self.device != "cpu":
             return None
-        return 1 if weight_bytes < SMALL_MODEL_BYTES else self.threads
+        return choose_step_threads(model.config, model.linear_formats, self.threads)
 
     def step(self, hosted: HostedModel) -> list[p.Message]:
         """One scheduler step; a failure in it ends that model's generations (generation_failed), not the worker."""
-        wanted = self.step_threads(hosted.model.weight_bytes)
-        if wanted is not None and torch.get_num_threads() != wanted:
-            torch.set_num_threads(wanted)
+        wanted = self.step_threads(hosted.model)
+        if wanted is not None:
+            apply_step_threads(wanted)
         try:
             return hosted.scheduler.step()
         except Exception as exc:  # a CUDA OOM or a bug must not take every other model down with it

@@ -99,3 +99,23 @@ def test_leading_dimensions_are_kept(layer_class):
     layer = layer_class(linear)
     x = torch.randn(2, 3, 256)
     assert torch.allclose(layer(x), layer(x.reshape(6, 256)).reshape(2, 3, 16))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 50])
+def test_every_thread_count_computes_the_same_product(rows: int):
+    """The pool's chunks (activation rows to quantize, output rows to compute) cover every row exactly once, however
+    many threads claim them: the product is the one-thread product bit for bit, call after call (1003 outputs: a
+    last chunk of 3 rows; 50 rows: quantized in parallel too)."""
+    linear = nn.Linear(768, 1003, bias=False)
+    layer = Q4_0Linear(linear)
+    x = torch.randn(rows, 768)
+    before = KERNEL.threads()
+    try:
+        KERNEL.set_threads(1)
+        alone = layer(x)
+        KERNEL.set_threads(3)
+        assert KERNEL.threads() == 3
+        for _ in range(30):
+            assert torch.equal(layer(x), alone)
+    finally:
+        KERNEL.set_threads(before)

@@ -17,6 +17,7 @@ from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.hosted_model import HostedModel
 from inference.engine.loaders.loading import LoadedModel, load_model
 from inference.engine.model.compiled_step import DecodeGraphs, decode_buckets
+from inference.engine.step_threads import StepThreads
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
 STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)
@@ -149,7 +150,7 @@ def test_a_load_reports_its_decode_graphs_and_their_fallback(stories_gguf_path, 
             options=LoadOptions(compile=compile, ctx_cap=64),
             limits=ServingLimits(max_concurrent=2),
         )
-        hosted = HostedModel.load(req, "cpu", step_threads=lambda weight_bytes: 1)
+        hosted = HostedModel.load(req, "cpu", step_threads=lambda model: StepThreads(torch=1, kernels=1))
         hosted.barrier = SimpleNamespace(snapshot=lambda: None)  # the worker's, which this test has none of
         return hosted.loaded(req, 0.0), hosted.status()
 

@@ -48,6 +48,7 @@ class LoadedModel:
     parameters: ParameterViews | None  # the Hugging Face tensors a trainer attaches to; None unless attachable
     weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
     weights_version: int  # identifies these weights as loaded (see weights_version)
+    linear_formats: dict[str, int]  # the linear layers' in-memory formats (see linear_formats)
 
 
 def load_model(
@@ -122,6 +123,7 @@ def load_model(
         parameters=ParameterViews(model, config) if attachable else None,
         weight_bytes=weight_bytes(model),
         weights_version=weights_version(path, dtype, quantize),
+        linear_formats=linear_formats(model),
     )
 
 

@@ -23,18 +23,20 @@
  * vector in 32 bytes of its own (Q8_0). The activations' 8-bit
  * codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
  *
- * Output rows are split in contiguous shares among OpenMP threads, with the GIL released; the extension links
- * libgomp.so.1 by that name, which torch has already loaded, so the threads are torch's own (_paged_attention.c
- * says why that matters). Each thread walks its weight rows in tiles of 2 or 4, and each tile every activation
- * row in groups of four, so a weight vector is read from memory once per call and reused from registers.
+ * The work is shared, with the GIL released, among the threads of the elastic pool (_elastic_pool.h) rather than
+ * torch's OpenMP ones: activation rows to quantize, then output rows, in chunks claimed one at a time, so a thread
+ * the host preempts holds back only its chunk. Each chunk walks its weight rows in tiles of 2 or 4, and each tile
+ * every activation row in groups of four, so a weight vector is read from memory once per call and reused from
+ * registers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_elastic_pool.h"
 
 #define BLOCK 32
 #define SUPER 256 /* values per super-block: 8 blocks */
@@ -280,10 +282,33 @@ BY_FORMAT(avx2)
 BY_FORMAT(vnni)
 #endif
 
-/* Fewer threads than cores for a small matmul: a share of a few rows costs more to hand out than to compute. */
-static int threads_for(int64_t work, int64_t per_thread_at_least) {
-    const int64_t most = omp_get_max_threads(), useful = work / per_thread_at_least;
-    return (int)(useful < 1 ? 1 : useful < most ? useful : most);
+/* A call's work in chunks for the pool (_elastic_pool.h): activation rows to quantize, then output rows. */
+typedef struct {
+    const Matmul *mm;
+    const float *input;
+    int64_t rows_per_chunk;
+} Chunks;
+
+static void quantize_chunk(void *ctx, int64_t c) {
+    const Chunks *ch = ctx;
+    const Matmul *mm = ch->mm;
+    const int64_t blocks = mm->k / BLOCK, first = c * ch->rows_per_chunk;
+    const int64_t last = first + ch->rows_per_chunk < mm->m ? first + ch->rows_per_chunk : mm->m;
+    for (int64_t m = first; m < last; m++)
+        quantize_row(ch->input + m * mm->k, mm->k, (int8_t *)mm->xq + m * mm->k, (float *)mm->xd + m * blocks,
+                     (int32_t *)mm->xsum8 + m * blocks);
+}
+
+static void matmul_chunk(void *ctx, int64_t c) {
+    const Chunks *ch = ctx;
+    const int64_t first = c * ch->rows_per_chunk, last = first + ch->rows_per_chunk;
+    matmul_rows(ch->mm, first, last < ch->mm->n ? last : ch->mm->n);
+}
+
+/* Output rows per chunk: some eight chunks per thread, so a preempted helper holds back little, in whole tiles. */
+static int64_t output_rows_per_chunk(int64_t n) {
+    const int64_t rows = n / ((int64_t)pool.threads * 8) / ROWS_PER_TILE * ROWS_PER_TILE;
+    return rows < 16 ? 16 : rows;
 }
 
 static PyObject *matmul(PyObject *self, PyObject *args) {
@@ -311,16 +336,13 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     mm.xsum8 = xsum8;
     mm.codes = (const uint8_t *)codes;
     mm.wd = (const uint16_t *)scales;
-    const float *input = (const float *)x;
     Py_BEGIN_ALLOW_THREADS;
-#pragma omp parallel for num_threads(threads_for(mm.m * mm.k, 16384)) schedule(static)
-    for (int64_t m = 0; m < mm.m; m++)
-        quantize_row(input + m * mm.k, mm.k, xq + m * mm.k, xd + m * blocks, xsum8 + m * blocks);
-#pragma omp parallel num_threads(threads_for(mm.n * mm.m * blocks, 4096))
-    {
-        const int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
-        matmul_rows(&mm, mm.n * t / count, mm.n * (t + 1) / count);
-    }
+    /* threads only for enough work: handing out a few rows costs more than computing them */
+    Chunks rows = {&mm, (const float *)x, 16384 / mm.k > 1 ? 16384 / mm.k : 1};
+    pool_run(quantize_chunk, &rows, (mm.m + rows.rows_per_chunk - 1) / rows.rows_per_chunk, mm.m * mm.k >= 2 * 16384);
+    Chunks outputs = {&mm, NULL, output_rows_per_chunk(mm.n)};
+    pool_run(matmul_chunk, &outputs, (mm.n + outputs.rows_per_chunk - 1) / outputs.rows_per_chunk,
+             mm.n * mm.m * blocks >= 2 * 4096);
     Py_END_ALLOW_THREADS;
     free(xq);
     Py_RETURN_NONE;
@@ -362,6 +384,15 @@ static PyObject *select_kernel(PyObject *self, PyObject *args) {
     return NULL;
 }
 
+static PyObject *set_threads(PyObject *self, PyObject *args) {
+    int threads;
+    if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
+    pool_set_threads(threads);
+    Py_RETURN_NONE;
+}
+
+static PyObject *threads(PyObject *self, PyObject *unused) { return PyLong_FromLong(pool.threads); }
+
 static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
      "matmul(out, x, codes, scales, m, n, k, format): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T "
@@ -369,6 +400,8 @@ static PyMethodDef methods[] = {
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},
+    {"set_threads", set_threads, METH_VARARGS, "set_threads(n): share each call's work among n threads"},
+    {"threads", threads, METH_NOARGS, "how many threads each call's work is shared among"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,8 +24,16 @@ except ImportError:  # built without a C compiler
     _block_matmul = None
 
 KERNEL = _block_matmul
+if KERNEL is not None:  # as many threads as torch's ops use, until the worker says otherwise (set_threads)
+    KERNEL.set_threads(torch.get_num_threads())
 BLOCK = 32
 SUPER = 8 * BLOCK  # the kernel's unit along the input features
+
+
+def set_threads(threads: int) -> None:
+    """How many threads each block matmul shares its work among (its own elastic pool, not torch's threads)."""
+    if KERNEL is not None:
+        KERNEL.set_threads(threads)
 
 
 def fits_blocks(linear: nn.Linear) -> bool:

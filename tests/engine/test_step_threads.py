@@ -1,0 +1,47 @@
+"""Which threads a CPU worker steps a model with (step_threads.py): one for a small model, whatever its format; a
+model whose linear layers all run on the block kernel shares its work through the kernel's pool alone, torch on one
+thread; any other large model uses torch's threads too."""
+
+import dataclasses
+
+import torch
+
+from inference.engine.kv_budget import read_config
+from inference.engine.model import block_quant
+from inference.engine.step_threads import StepThreads, apply_step_threads, choose_step_threads
+
+
+def _config_85m(stories_hf_dir):
+    """bench/random_model.py's 85M Llama: 12 layers of hidden 768, FFN 2048 (its Q4_0 file weighs ~50 MB)."""
+    config = read_config(stories_hf_dir)
+    return dataclasses.replace(
+        config, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64
+    )
+
+
+def test_a_small_model_steps_on_one_thread(stories_hf_dir):
+    config = read_config(stories_hf_dir)
+    assert choose_step_threads(config, {"float32": 36}, 2) == StepThreads(torch=1, kernels=1)
+    assert choose_step_threads(config, {"q8_0": 36}, 2) == StepThreads(torch=1, kernels=1)
+
+
+def test_a_large_model_kept_in_blocks_steps_on_the_kernels_pool(stories_hf_dir):
+    """Counted in parameters, not bytes: the 85M model's Q4_0 form is small in bytes but has the rows to share."""
+    config = _config_85m(stories_hf_dir)
+    assert choose_step_threads(config, {"q4_0": 49}, 2) == StepThreads(torch=1, kernels=2)
+    assert choose_step_threads(config, {"q4_0": 40, "q8_0": 9}, 4) == StepThreads(torch=1, kernels=4)
+
+
+def test_a_large_model_with_torch_matmuls_uses_torchs_threads(stories_hf_dir):
+    config = _config_85m(stories_hf_dir)
+    assert choose_step_threads(config, {"float32": 49}, 2) == StepThreads(torch=2, kernels=2)
+    assert choose_step_threads(config, {"q4_0": 40, "int8": 9}, 2) == StepThreads(torch=2, kernels=2)
+
+
+def test_applying_sets_both_pools():
+    before = (torch.get_num_threads(), block_quant.KERNEL.threads())
+    try:
+        apply_step_threads(StepThreads(torch=1, kernels=3))
+        assert (torch.get_num_threads(), block_quant.KERNEL.threads()) == (1, 3)
+    finally:
+        apply_step_threads(StepThreads(torch=before[0], kernels=before[1]))
