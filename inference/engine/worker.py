@@ -268,7 +268,7 @@ class Worker:
         """The threads a model steps with (step_threads.py; None: torch's setting, left alone)."""
         if self.threads is None or self.device != "cpu":
             return None
-        return choose_step_threads(model.config, model.linear_formats, self.threads)
+        return choose_step_threads(model.config, model.torch_matmuls, self.threads)
 
     def step(self, hosted: HostedModel) -> list[p.Message]:
         """One scheduler step; a failure in it ends that model's generations (generation_failed), not the worker."""

@@ -1,4 +1,4 @@
-"""The block kernel (model/block_quant.py, _block_matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
+"""The block kernel (model/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
 their float32 expansion, and the kernel's products are the exact block sums of the quantized activations and
 weights, for either format, any number of rows and output features (its tiles of 4 x 2 and 1 x 4 and every
 remainder), on every implementation the CPU runs."""

@@ -25,7 +25,7 @@ from inference.engine.model.int4 import Int4Linear
 from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
-from inference.engine.model.transformer import PackedLinear, Transformer, TransposedLinear
+from inference.engine.model.transformer import FloatLinear, PackedLinear, Transformer, TransposedLinear
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
 
@@ -49,6 +49,7 @@ class LoadedModel:
     weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
     weights_version: int  # identifies these weights as loaded (see weights_version)
     linear_formats: dict[str, int]  # the linear layers' in-memory formats (see linear_formats)
+    torch_matmuls: bool  # a large weight's matmul runs on torch's threads (see torch_matmuls)
 
 
 def load_model(
@@ -124,6 +125,7 @@ def load_model(
         weight_bytes=weight_bytes(model),
         weights_version=weights_version(path, dtype, quantize),
         linear_formats=linear_formats(model),
+        torch_matmuls=torch_matmuls(model),
     )
 
 
@@ -182,7 +184,7 @@ def linear_formats(model: torch.nn.Module) -> dict[str, int]:
             kind = "int4"
         elif isinstance(module, DynamicInt8Linear | WeightOnlyInt8Linear):
             kind = "int8"
-        elif isinstance(module, PackedLinear):  # oneDNN packs float32 weights only
+        elif isinstance(module, PackedLinear | FloatLinear):  # float32 weights only
             kind = "float32"
         elif isinstance(module, TransposedLinear):
             kind = str(module.weight_t.dtype).removeprefix("torch.")
@@ -192,6 +194,15 @@ def linear_formats(model: torch.nn.Module) -> dict[str, int]:
             continue
         counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def torch_matmuls(model: torch.nn.Module) -> bool:
+    """Whether a linear layer of the model multiplies a large weight with torch's ops (and its threads) rather than
+    the C kernel's (model/matmul_kernel.py); TransposedLinear holds only weights too small to share out."""
+    return any(
+        isinstance(m, torch.nn.Linear | PackedLinear | Int4Linear | DynamicInt8Linear | WeightOnlyInt8Linear)
+        for m in model.modules()
+    )
 
 
 def return_freed_memory() -> None:

@@ -1,6 +1,6 @@
 """Linear layers that keep a GGUF Q4_0 or Q8_0 file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0) codes
 with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file, multiplied by the C kernel
-`_block_matmul.c`.
+`_matmul.c`.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
 value of largest magnitude is code 0 (Q4_0) or +-127 (Q8_0) times its scale, so the scale is found again, and every
@@ -9,8 +9,8 @@ per output channel, and for both none of its requantization error. Each call qua
 per block of 32 values of a row, as llama.cpp does; docs/quantized-weights.md has the error this gives against the
 float32 expansion, and the speed against the int8 form.
 
-The kernel is optional like the attention one (paged_attention.py): without a C compiler `KERNEL` is None and Q4_0
-and Q8_0 layers take another form (stored_quant.py).
+The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and Q4_0 and Q8_0 layers take
+another form (stored_quant.py).
 """
 
 from __future__ import annotations
@@ -18,22 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-try:
-    from inference.engine.model import _block_matmul
-except ImportError:  # built without a C compiler
-    _block_matmul = None
+from inference.engine.model.matmul_kernel import KERNEL
 
-KERNEL = _block_matmul
-if KERNEL is not None:  # as many threads as torch's ops use, until the worker says otherwise (set_threads)
-    KERNEL.set_threads(torch.get_num_threads())
 BLOCK = 32
 SUPER = 8 * BLOCK  # the kernel's unit along the input features
-
-
-def set_threads(threads: int) -> None:
-    """How many threads each block matmul shares its work among (its own elastic pool, not torch's threads)."""
-    if KERNEL is not None:
-        KERNEL.set_threads(threads)
 
 
 def fits_blocks(linear: nn.Linear) -> bool:
@@ -42,7 +30,7 @@ def fits_blocks(linear: nn.Linear) -> bool:
 
 def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """GGUF's Q4_0 rule for each block of 32 values of a float weight [out, in], in the kernel's layout
-    (`_block_matmul.c`): codes uint8 [out, in / 2] (value + 8, two to a byte) and float16 scales [out, in / 32]
+    (`_matmul.c`): codes uint8 [out, in / 2] (value + 8, two to a byte) and float16 scales [out, in / 32]
     (a file's scales are float16: they come back exactly)."""
     out_features, in_features = weight.shape
     blocks = weight.float().reshape(out_features, in_features // BLOCK, BLOCK)

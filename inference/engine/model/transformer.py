@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.model import matmul_kernel
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.paged_attention import decode_attention
@@ -135,14 +136,44 @@ class PackedLinear(nn.Module):
 _linear_pointwise = torch.ops.mkldnn._linear_pointwise.default  # the overload itself: no per-call resolution
 
 
-def cpu_linears(model: nn.Module, *, pack: bool) -> nn.Module:
-    """Replaces every nn.Linear in place: large ones with a PackedLinear when `pack`, the rest with a
-    TransposedLinear."""
+class FloatLinear(nn.Module):
+    """A CPU float32 linear layer on the C kernel (`_float_matmul.h`, matmul_kernel.py), weight in nn.Linear's
+    layout: faster than PackedLinear for a decode step's few rows, slower for a prompt's many, and its threads are
+    the kernel's elastic pool, which a serving host's other work does not stall (docs/performance.md)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.detach().contiguous(), requires_grad=False)
+        self.bias = linear.bias
+        self.out_features, self.in_features = self.weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        matmul_kernel.KERNEL.float_matmul(
+            out.data_ptr(), rows.data_ptr(), self.weight.data_ptr(), rows.shape[0], self.out_features, self.in_features
+        )
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+def cpu_linears(model: nn.Module, *, float32: bool) -> nn.Module:
+    """Replaces every nn.Linear in place: large float32 ones with a FloatLinear where the CPU runs its kernel, else
+    with a PackedLinear where oneDNN is there; the rest with a TransposedLinear."""
+    kernel, onednn = matmul_kernel.float_kernel_runs(), torch.backends.mkldnn.is_available()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                packed = pack and child.weight.numel() >= PACK_MIN_ELEMENTS
-                setattr(parent, name, PackedLinear(child) if packed else TransposedLinear(child))
+            if not isinstance(child, nn.Linear):
+                continue
+            large = float32 and child.weight.numel() >= PACK_MIN_ELEMENTS
+            if large and kernel:
+                setattr(parent, name, FloatLinear(child))
+            elif large and onednn:
+                setattr(parent, name, PackedLinear(child))
+            else:
+                setattr(parent, name, TransposedLinear(child))
     return model
 
 
@@ -312,7 +343,7 @@ class Transformer(nn.Module):
         if keep is not None and on_cpu and not attachable and dtype == torch.float32:
             keep_quantized(model, linear_sources(config), keep)
         if on_cpu and not attachable:
-            cpu_linears(model, pack=dtype == torch.float32 and torch.backends.mkldnn.is_available())
+            cpu_linears(model, float32=dtype == torch.float32)
         return model
 
     def forward(

@@ -1,4 +1,7 @@
-/* Matmul of float32 activations with Q4_0- or Q8_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
+/* The linear layers' C kernels (CPU), sharing one elastic pool of threads: float32 weights (_float_matmul.h,
+ * transformer.py's FloatLinear) and, below, GGUF Q4_0 or Q8_0 blocks.
+ *
+ * Matmul of float32 activations with Q4_0- or Q8_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
  * 4-bit codes c (value = (c - 8) * d), two to a byte. Each call quantizes the activations to 8 bits with one scale
@@ -37,6 +40,7 @@
 #include <string.h>
 
 #include "_elastic_pool.h"
+#include "_float_matmul.h"
 
 #define BLOCK 32
 #define SUPER 256 /* values per super-block: 8 blocks */
@@ -384,6 +388,52 @@ static PyObject *select_kernel(PyObject *self, PyObject *args) {
     return NULL;
 }
 
+#ifdef FLOAT_MATMUL_AVX512
+/* The float32 product's chunks for the pool: output rows, in whole tiles of 8. */
+typedef struct {
+    const FloatMatmul *mm;
+    int64_t rows_per_chunk;
+} FloatChunks;
+
+static void float_chunk(void *ctx, int64_t c) {
+    const FloatChunks *ch = ctx;
+    const int64_t first = c * ch->rows_per_chunk, last = first + ch->rows_per_chunk;
+    float_rows_avx512(ch->mm, first, last < ch->mm->n ? last : ch->mm->n);
+}
+#endif
+
+static int float_kernel_runs(void) {
+#ifdef FLOAT_MATMUL_AVX512
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+static PyObject *float_matmul(PyObject *self, PyObject *args) {
+    Py_ssize_t out, x, weight;
+    FloatMatmul mm;
+    if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight, &mm.m, &mm.n, &mm.k)) return NULL;
+    if (!float_kernel_runs()) {
+        PyErr_SetString(PyExc_RuntimeError, "the float32 kernel needs AVX-512F");
+        return NULL;
+    }
+#ifdef FLOAT_MATMUL_AVX512
+    mm.out = (float *)out;
+    mm.x = (const float *)x;
+    mm.w = (const float *)weight;
+    Py_BEGIN_ALLOW_THREADS;
+    int64_t rows = mm.n / ((int64_t)pool.threads * 8) / 8 * 8;
+    FloatChunks chunks = {&mm, rows < 16 ? 16 : rows};
+    pool_run(float_chunk, &chunks, (mm.n + chunks.rows_per_chunk - 1) / chunks.rows_per_chunk,
+             mm.n * mm.m * mm.k >= 65536);
+    Py_END_ALLOW_THREADS;
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *float_available(PyObject *self, PyObject *unused) { return PyBool_FromLong(float_kernel_runs()); }
+
 static PyObject *set_threads(PyObject *self, PyObject *args) {
     int threads;
     if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
@@ -400,14 +450,17 @@ static PyMethodDef methods[] = {
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},
+    {"float_matmul", float_matmul, METH_VARARGS,
+     "float_matmul(out, x, weight, m, n, k): out[m, n] = x[m, k] @ weight[n, k]^T (float32 pointers as ints)."},
+    {"float_available", float_available, METH_NOARGS, "whether this CPU runs the float32 kernel (AVX-512F)"},
     {"set_threads", set_threads, METH_VARARGS, "set_threads(n): share each call's work among n threads"},
     {"threads", threads, METH_NOARGS, "how many threads each call's work is shared among"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_block_matmul", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_matmul", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__block_matmul(void) {
+PyMODINIT_FUNC PyInit__matmul(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {

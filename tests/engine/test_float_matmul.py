@@ -1,0 +1,58 @@
+"""The float32 C kernel (`_float_matmul.h`, transformer.py's FloatLinear): the product of every tile shape and
+remainder (one row walked eight weight rows at a time, more rows in tiles of 4 x 4, a K that is no multiple of 16),
+the same bit for bit on any number of threads, and the layer the CPU linears become where the CPU runs it."""
+
+import pytest
+import torch
+from torch import nn
+
+from inference.engine.model import matmul_kernel
+from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear, cpu_linears
+
+needs_kernel = pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX-512F")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 70])
+@pytest.mark.parametrize(("out_features", "in_features"), [(13, 100), (24, 768), (37, 2048)])
+def test_the_kernel_computes_the_product(rows: int, out_features: int, in_features: int):
+    torch.manual_seed(rows * 1000 + out_features)
+    linear = nn.Linear(in_features, out_features, bias=True)
+    x = torch.randn(rows, in_features)
+    got = FloatLinear(linear)(x)
+    want = (x.double() @ linear.weight.double().T + linear.bias.double()).float()
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@needs_kernel
+def test_leading_dimensions_are_kept():
+    layer = FloatLinear(nn.Linear(256, 16, bias=False))
+    x = torch.randn(2, 3, 256)
+    assert torch.equal(layer(x), layer(x.reshape(6, 256)).reshape(2, 3, 16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 8])
+def test_every_thread_count_computes_the_same_product(rows: int):
+    layer = FloatLinear(nn.Linear(768, 1003, bias=False))
+    x = torch.randn(rows, 768)
+    before = matmul_kernel.KERNEL.threads()
+    try:
+        matmul_kernel.set_threads(1)
+        alone = layer(x)
+        matmul_kernel.set_threads(3)
+        for _ in range(30):
+            assert torch.equal(layer(x), alone)
+    finally:
+        matmul_kernel.set_threads(before)
+
+
+def test_large_float32_layers_go_to_the_kernel_where_the_cpu_runs_it():
+    model = cpu_linears(nn.Sequential(nn.Linear(768, 512), nn.Linear(16, 16)), float32=True)
+    large = FloatLinear if matmul_kernel.float_kernel_runs() else PackedLinear
+    assert isinstance(model[0], large) and isinstance(model[1], TransposedLinear)
+    x = torch.randn(3, 768)
+    assert (
+        torch.allclose(model[0](x), x @ model[0].weight.T + model[0].bias, atol=1e-5) if large is FloatLinear else True
+    )
