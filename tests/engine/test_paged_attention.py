@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.model import matmul_kernel
 from inference.engine.model.paged_attention import KERNEL, decode_attention
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer, rotate_half
@@ -112,3 +113,18 @@ def test_a_16_bit_kv_cache_decodes_the_same_greedy_text_with_logits_close_to_flo
     assert narrow_ids == wide_ids
     for ours, reference in zip(narrow_logits, wide_logits, strict=True):  # measured: <= 0.7% (bfloat16)
         assert (ours - reference).abs().max() < 0.01 * reference.abs().max()
+
+
+def test_any_number_of_threads_decodes_the_same_logits(transformer):
+    """The kernel shares its (row, kv head) pairs out on the matmul kernel's elastic pool (_pool_run.h): each pair is
+    computed by one thread, so the logits are the same bit for bit on one thread or three."""
+    before = matmul_kernel.KERNEL.threads()
+    try:
+        matmul_kernel.set_threads(1)
+        alone = decode_logits(transformer, kernel=True)
+        matmul_kernel.set_threads(3)
+        shared = decode_logits(transformer, kernel=True)
+    finally:
+        matmul_kernel.set_threads(before)
+    for step, (one, three) in enumerate(zip(alone, shared, strict=True)):
+        assert torch.equal(one, three), f"step {step}"

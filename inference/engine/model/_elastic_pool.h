@@ -21,6 +21,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
+
+#include "_pool_run.h"
 #if defined(__linux__)
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -31,8 +33,6 @@
 
 #define POOL_MAX_THREADS 256
 #define POOL_SPIN_NS 100000 /* how long a helper keeps spinning after a job before it sleeps */
-
-typedef void (*ChunkFn)(void *ctx, int64_t chunk);
 
 typedef struct {
     ChunkFn fn;

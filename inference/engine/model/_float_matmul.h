@@ -30,7 +30,7 @@ typedef struct {
 __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx512(const FloatMatmul *mm, int64_t n0,
                                                                                    int64_t m0, const int RN,
                                                                                    const int RM) {
-    __m512 acc[8][4];
+    __m512 acc[8][8];
     for (int i = 0; i < RN; i++)
         for (int r = 0; r < RM; r++) acc[i][r] = _mm512_setzero_ps();
     const int64_t k = mm->k;
@@ -40,7 +40,7 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
     for (; j + 16 <= k; j += 16) {
         if (prefetch)
             for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + 16 + i) * k + j), _MM_HINT_T0);
-        __m512 x[4];
+        __m512 x[8];
         for (int r = 0; r < RM; r++) x[r] = _mm512_loadu_ps(mm->x + (m0 + r) * k + j);
         for (int i = 0; i < RN; i++) {
             const __m512 w = _mm512_loadu_ps(mm->w + (n0 + i) * k + j);
@@ -49,7 +49,7 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
     }
     if (j < k) {
         const __mmask16 mask = (__mmask16)((1u << (k - j)) - 1);
-        __m512 x[4];
+        __m512 x[8];
         for (int r = 0; r < RM; r++) x[r] = _mm512_maskz_loadu_ps(mask, mm->x + (m0 + r) * k + j);
         for (int i = 0; i < RN; i++) {
             const __m512 w = _mm512_maskz_loadu_ps(mask, mm->w + (n0 + i) * k + j);
@@ -73,11 +73,26 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
     }
 FLOAT_TILES(8)
 FLOAT_TILES(4)
+
+/* 5 to 8 activation rows: all of them against 2 weight rows at a time, one pass over the weights */
+__attribute__((target(AVX512))) static void float_tiles_avx512_rows(const FloatMatmul *mm, int64_t n0, const int RN) {
+    switch (mm->m) {
+    case 8: float_tile_avx512(mm, n0, 0, RN, 8); break;
+    case 7: float_tile_avx512(mm, n0, 0, RN, 7); break;
+    case 6: float_tile_avx512(mm, n0, 0, RN, 6); break;
+    default: float_tile_avx512(mm, n0, 0, RN, 5); break;
+    }
+}
 FLOAT_TILES(2)
 FLOAT_TILES(1)
 
 __attribute__((target(AVX512))) static void float_rows_avx512(const FloatMatmul *mm, int64_t n_first, int64_t n_last) {
     int64_t n = n_first;
+    if (mm->m > 4 && mm->m <= 8) {
+        for (; n + 2 <= n_last; n += 2) float_tiles_avx512_rows(mm, n, 2);
+        if (n < n_last) float_tiles_avx512_rows(mm, n, 1);
+        return;
+    }
     if (mm->m < 4)
         for (; n + 8 <= n_last; n += 8) float_tiles_avx512_8(mm, n);
     for (; n + 4 <= n_last; n += 4) float_tiles_avx512_4(mm, n);

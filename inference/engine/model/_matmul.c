@@ -460,6 +460,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_matmul", NULL, -1, methods};
 
+/* The pool's entry point for the other extensions (_pool_run.h). */
+static void pool_run_shared(ChunkFn fn, void *ctx, int64_t total, int parallel) { pool_run(fn, ctx, total, parallel); }
+
 PyMODINIT_FUNC PyInit__matmul(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
@@ -472,5 +475,13 @@ PyMODINIT_FUNC PyInit__matmul(void) {
     kernels[kernel_count++] = (Kernel){"portable", quantize_row_portable, matmul_rows_portable};
     quantize_row = kernels[0].quantize;
     matmul_rows = kernels[0].rows;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *capsule = PyCapsule_New((void *)pool_run_shared, POOL_RUN_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "pool_run", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

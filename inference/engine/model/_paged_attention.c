@@ -15,11 +15,12 @@
  * block_size, D] in float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the
  * positions [0, length) each row attends to, the new one included.
  *
- * The (row, kv head) pairs are shared among OpenMP threads, with the GIL released; a pair writes and reads only its
- * own row's keys and values, so no thread waits on another. The extension links libgomp.so.1 by that name, which
- * torch has already loaded (the wrapper imports torch first), so its threads are torch's own intra-op threads: a
- * pool of the kernel's own would wait on torch's threads, which spin on the cores for a while after each op
- * (docs/kv-cache.md).
+ * The (row, kv head) pairs are shared out, with the GIL released, in chunks on the matmul kernels' elastic pool
+ * (_pool_run.h; the `_matmul` extension owns it), so the step's matmuls and its attention use the same few threads
+ * and a preempted one holds back only its chunk (docs/performance.md); a chunk has its own scratch area. A pair
+ * writes and reads only its own row's keys and values, so no thread waits on another. Where `_matmul` was not
+ * built, the pairs go to OpenMP threads instead: the extension links libgomp.so.1 by that name, which torch has
+ * already loaded (the wrapper imports torch first), so those are torch's own intra-op threads (docs/kv-cache.md).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "_fast_exp.h"
+#include "_pool_run.h"
 
 enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1, KV_BFLOAT16 = 2 };
 
@@ -236,6 +238,25 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
     }
 }
 
+/* The matmul extension's elastic pool (_pool_run.h), when it is there; else OpenMP's threads. */
+static PoolRun pool_run = NULL;
+
+typedef struct {
+    const Work *w;
+    int64_t pairs_per_chunk, scratch;
+    float *scores; /* a scratch area per chunk */
+} AttendChunks;
+
+static void attend_chunk(void *ctx, int64_t c) {
+    const AttendChunks *a = ctx;
+    const int64_t pairs = a->w->rows * a->w->kv_heads, first = c * a->pairs_per_chunk;
+    const int64_t last = first + a->pairs_per_chunk < pairs ? first + a->pairs_per_chunk : pairs;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < a->w->rows; b++) longest = a->w->lengths[b] > longest ? a->w->lengths[b] : longest;
+    float *mine = a->scores + c * a->scratch, *rows = mine + a->w->group * longest;
+    attend(a->w, first, last, mine, rows, rows + a->w->block_size * a->w->dim);
+}
+
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_ssize_t out, qkv, cos, sin_signed, write_rows, keys, values, table, lengths;
     Work w;
@@ -256,6 +277,17 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
     const int64_t pairs = w.rows * w.kv_heads;
     const int64_t scratch = w.group * longest + w.block_size * w.dim + (w.group + 1) * w.dim;
+    if (pool_run != NULL) { /* the matmul kernels' elastic pool: chunks of pairs, a scratch area each */
+        AttendChunks chunks = {&w, pairs / 16 > 1 ? pairs / 16 : 1, scratch, NULL};
+        const int64_t count = (pairs + chunks.pairs_per_chunk - 1) / chunks.pairs_per_chunk;
+        chunks.scores = malloc(sizeof(float) * (size_t)(scratch * count));
+        if (chunks.scores == NULL) return PyErr_NoMemory();
+        Py_BEGIN_ALLOW_THREADS;
+        pool_run(attend_chunk, &chunks, count, pairs > 1);
+        Py_END_ALLOW_THREADS;
+        free(chunks.scores);
+        Py_RETURN_NONE;
+    }
     const int threads = pairs < omp_get_max_threads() ? (int)pairs : omp_get_max_threads();
     float *scores = malloc(sizeof(float) * (size_t)(scratch * (threads > 0 ? threads : 1)));
     if (scores == NULL) return PyErr_NoMemory();
@@ -287,5 +319,7 @@ PyMODINIT_FUNC PyInit__paged_attention(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) f16_to_f32 = f16_to_f32_f16c;
 #endif
+    pool_run = (PoolRun)PyCapsule_Import(POOL_RUN_CAPSULE, 0);
+    if (pool_run == NULL) PyErr_Clear(); /* built without it: OpenMP's threads */
     return PyModule_Create(&module);
 }
