@@ -117,6 +117,7 @@ class HostedModel:
         self.name = name
         self.device = device
         self.min_free_memory = min_free_memory  # bytes; below this free, new requests are refused (low_memory)
+        self.threads: StepThreads | None = None  # what the worker steps it with, once it has chosen
         self.window_configured = window_configured or scheduler.context_window
         self.model = model
         self.scheduler = scheduler

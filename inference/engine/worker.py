@@ -272,9 +272,10 @@ class Worker:
 
     def step(self, hosted: HostedModel) -> list[p.Message]:
         """One scheduler step; a failure in it ends that model's generations (generation_failed), not the worker."""
-        wanted = self.step_threads(hosted.model)
-        if wanted is not None:
-            apply_step_threads(wanted)
+        if hosted.threads is None:  # chosen once: the choice walks the model's shape
+            hosted.threads = self.step_threads(hosted.model)
+        if hosted.threads is not None:
+            apply_step_threads(hosted.threads)
         try:
             return hosted.scheduler.step()
         except Exception as exc:  # a CUDA OOM or a bug must not take every other model down with it

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from inference.engine.model.compiled_step import DecodeGraphs
+from inference.engine.model.decode_plan import DecodePlan
 from inference.engine.model.kv_cache import KVCache
 from inference.engine.model.transformer import Transformer
 
@@ -59,6 +60,7 @@ class ModelRunner:
                 device=self.device,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
+        self.plan = DecodePlan.build(model)  # the decode step as kernel calls, where the model allows (decode_plan.py)
 
     def compile_decode(self, *, threads: int | None = None, buckets: list[int] | None = None) -> DecodeGraphs:
         """Compiles (CPU) or captures (CUDA) the decode step for each batch-size bucket (default: powers of two up
@@ -128,6 +130,8 @@ class ModelRunner:
             if not prefills and self.graphs is not None:
                 decoded = self.graphs.forward(decode_tokens, views[0])  # [D, 1, V], None: eager
                 decoded = None if decoded is None else decoded[:, 0].float()
+            elif not prefills and self.plan is not None and self.plan.serves(self.cache, views[0]):
+                decoded = self.plan.forward(torch.tensor(decode_tokens), self.cache, views[0])
         chunks = []
         if decoded is None:
             tokens = torch.tensor([t for _, ids in prefills for t in ids] + decode_tokens, device=self.device)

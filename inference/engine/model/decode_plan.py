@@ -1,0 +1,201 @@
+"""A decode step on the CPU as a flat list of C kernel calls: the same kernels, in the same order, as the model's
+forward, without the modules in between.
+
+At decode sizes the forward's Python is most of a small model's step and a real part of a large one's: each layer
+goes through a dozen module calls, checks and wrapper functions, each allocating its output, some ten microseconds
+per layer call by call. A plan resolves all of that once, when the model is built: each linear layer becomes its
+kernel call with the weight's address bound, each norm its weight's address, and every intermediate result a buffer
+per batch size, reused step after step. A step is then the embedding lookup, two table lookups and eight calls per
+layer. The logits are the forward's bit for bit (`tests/engine/test_decode_plan.py`).
+
+A plan serves float32 CPU models whose decode attends through the paged kernel (paged_attention.py) and whose
+linear layers are the C kernel's (block_quant.py's, FloatLinear) or small transposed ones; for any other model
+`DecodePlan.build` returns None and the forward serves (qwen3's per-head q/k norms, oneDNN-packed or int8 layers,
+CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.engine.model import paged_attention, pointwise
+from inference.engine.model.block_quant import BlockLinear
+from inference.engine.model.kv_cache import CacheView, KVCache
+from inference.engine.model.matmul_kernel import KERNEL as MATMUL
+from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear
+
+
+class _BlockCall:
+    """A Q4_0 / Q8_0 layer: the block kernel on its codes and scales."""
+
+    __slots__ = ("codes", "scales", "out_features", "in_features", "format", "bias")
+
+    def __init__(self, layer: BlockLinear):
+        self.codes, self.scales = layer.codes.data_ptr(), layer.scales.data_ptr()
+        self.out_features, self.in_features, self.format = layer.out_features, layer.in_features, layer.FORMAT
+        self.bias = layer.bias
+
+    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        MATMUL.matmul(
+            out.data_ptr(),
+            x.data_ptr(),
+            self.codes,
+            self.scales,
+            x.shape[0],
+            self.out_features,
+            self.in_features,
+            self.format,
+        )
+        if self.bias is not None:
+            out.add_(self.bias)
+
+
+class _FloatCall:
+    """A float32 layer on the C kernel."""
+
+    __slots__ = ("weight", "out_features", "in_features", "bias")
+
+    def __init__(self, layer: FloatLinear):
+        self.weight, self.bias = layer.weight.data_ptr(), layer.bias
+        self.out_features, self.in_features = layer.out_features, layer.in_features
+
+    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        MATMUL.float_matmul(out.data_ptr(), x.data_ptr(), self.weight, x.shape[0], self.out_features, self.in_features)
+        if self.bias is not None:
+            out.add_(self.bias)
+
+
+class _TransposedCall:
+    """A small float32 layer: torch's matmul on the [in, out] weight, into the buffer."""
+
+    __slots__ = ("weight_t", "bias")
+
+    def __init__(self, layer: TransposedLinear):
+        self.weight_t, self.bias = layer.weight_t, layer.bias
+
+    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        torch.matmul(x, self.weight_t, out=out)
+        if self.bias is not None:
+            out.add_(self.bias)
+
+
+_CALLS = {BlockLinear: _BlockCall, FloatLinear: _FloatCall, TransposedLinear: _TransposedCall}
+
+
+def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall | None:
+    for kind, call in _CALLS.items():
+        if isinstance(layer, kind):
+            return call(layer)
+    return None
+
+
+class _Layer:
+    __slots__ = ("index", "attention_norm", "ffn_norm", "wqkv", "wo", "w13", "w2")
+
+    def __init__(self, index: int, attention_norm: int, ffn_norm: int, linears: list):
+        self.index, self.attention_norm, self.ffn_norm = index, attention_norm, ffn_norm
+        self.wqkv, self.wo, self.w13, self.w2 = linears
+
+
+class _Buffers:
+    """Every intermediate result of a step of `rows` decode rows."""
+
+    def __init__(self, rows: int, hidden: int, qkv: int, attended: int, ffn: int, head_dim: int):
+        self.x, self.delta, self.normed = (torch.empty(rows, hidden) for _ in range(3))
+        self.qkv, self.attended = torch.empty(rows, qkv), torch.empty(rows, attended)
+        self.gate_up, self.activated = torch.empty(rows, 2 * ffn), torch.empty(rows, ffn)
+        self.cos, self.sin_signed = torch.empty(rows, head_dim), torch.empty(rows, head_dim)
+
+
+class DecodePlan:
+    def __init__(self, model: Transformer, layers: list[_Layer], lm_head):
+        config = model.config
+        self.model, self.layers, self.lm_head = model, layers, lm_head
+        self.eps, self.hidden, self.vocab = config.rms_norm_eps, config.hidden_size, config.vocab_size
+        self.kv_heads, self.head_dim = config.num_kv_heads, config.head_dim
+        self.group = config.num_heads // config.num_kv_heads
+        self.qkv_width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        self.ffn = config.intermediate_size
+        self.final_norm = model.norm.weight.data_ptr()
+        self.buffers: dict[int, _Buffers] = {}
+
+    @classmethod
+    def build(cls, model: Transformer) -> DecodePlan | None:
+        """The model's plan, or None where the forward must serve (see the module's docstring)."""
+        if (
+            paged_attention.KERNEL is None
+            or pointwise.KERNEL is None
+            or MATMUL is None
+            or model.embed.weight.device.type != "cpu"
+            or model.embed.weight.dtype != torch.float32
+            or any(block.attention.qk_norm is not None for block in model.layers)
+        ):
+            return None
+        layers = []
+        for i, block in enumerate(model.layers):
+            attention, ffn = block.attention, block.feed_forward
+            linears = [_call(layer) for layer in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
+            if any(call is None for call in linears):
+                return None
+            norms = (block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr())
+            layers.append(_Layer(i, *norms, linears))
+        lm_head = _call(model.lm_head)
+        return None if lm_head is None else cls(model, layers, lm_head)
+
+    def serves(self, cache: KVCache, view: CacheView) -> bool:
+        """Whether this step (one decode group) attends through the paged kernel."""
+        return view.table is not None and cache.keys[0].dtype in paged_attention.KV_DTYPE_CODES
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, view: CacheView) -> torch.Tensor:
+        """The logits [B, V] of one decode token per row of `view`, as Transformer.forward computes them."""
+        rows = tokens.shape[0]
+        b = self.buffers.get(rows)
+        if b is None:
+            b = self.buffers[rows] = _Buffers(
+                rows, self.hidden, self.qkv_width, self.kv_heads * self.group * self.head_dim, self.ffn, self.head_dim
+            )
+        model, norm, attend = self.model, pointwise.KERNEL.rms_norm, paged_attention.KERNEL.decode
+        positions = view.positions.reshape(-1)
+        torch.index_select(model.embed.weight, 0, tokens, out=b.x)
+        torch.index_select(model.rope_cos, 0, positions, out=b.cos)
+        torch.index_select(model.rope_sin_signed, 0, positions, out=b.sin_signed)
+        x, delta, normed, qkv, attended = (t.data_ptr() for t in (b.x, b.delta, b.normed, b.qkv, b.attended))
+        cos, sin_signed = b.cos.data_ptr(), b.sin_signed.data_ptr()
+        table, lengths, write_rows = view.table, view.lengths, view.write_rows
+        keys0 = cache.keys[0]
+        pool_blocks, block_size = keys0.shape[1], keys0.shape[2]
+        kv_code, scale = paged_attention.KV_DTYPE_CODES[keys0.dtype], self.head_dim**-0.5
+        residual = 0  # the first layer's norm adds nothing
+        for layer in self.layers:
+            norm(normed, x, residual, layer.attention_norm, rows, self.hidden, self.eps)
+            layer.wqkv.run(b.normed, b.qkv)
+            attend(
+                attended,
+                qkv,
+                cos,
+                sin_signed,
+                write_rows.data_ptr(),
+                cache.keys[layer.index].data_ptr(),
+                cache.values[layer.index].data_ptr(),
+                table.data_ptr(),
+                lengths.data_ptr(),
+                rows,
+                self.kv_heads,
+                self.group,
+                self.head_dim,
+                block_size,
+                pool_blocks,
+                table.shape[1],
+                scale,
+                kv_code,
+            )
+            layer.wo.run(b.attended, b.delta)
+            norm(normed, x, delta, layer.ffn_norm, rows, self.hidden, self.eps)
+            layer.w13.run(b.normed, b.gate_up)
+            pointwise.KERNEL.swiglu(b.activated.data_ptr(), b.gate_up.data_ptr(), rows, self.ffn)
+            layer.w2.run(b.activated, b.delta)
+            residual = delta
+        norm(normed, x, residual, self.final_norm, rows, self.hidden, self.eps)
+        logits = torch.empty(rows, self.vocab)
+        self.lm_head.run(b.normed, logits)
+        return logits

@@ -1,0 +1,70 @@
+"""The decode plan (model/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
+stories260K (small transposed layers, grouped-query attention), and on a wider random llama with its layers in the
+file's Q4_0 blocks or in float32 on the C kernel; batches of rows of different lengths, one step after another; and
+a model it cannot serve has no plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.model import matmul_kernel
+from inference.engine.model.decode_plan import DecodePlan
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.transformer import FloatLinear, Transformer
+from tests.engine.test_quantized_weights import _keep, _model, write_wide_gguf
+
+PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]
+
+
+def decode_steps(model: Transformer, *, plan: bool) -> list[torch.Tensor]:
+    """Logits of six decode steps of three rows holding 3, 13 and 20 tokens, through the plan or the forward."""
+    runner = ModelRunner(model, max_concurrent=4, context_window=64)
+    assert runner.plan is not None
+    if not plan:
+        runner.plan = None
+    slots = []
+    for length in (3, 13, 20):
+        slots.append(runner.allocate_slot())
+        runner.prefill(slots[-1], (PROMPT * 2)[:length])
+    tokens, steps = [11, 12, 13], []
+    for step in range(6):
+        rows = slots if step % 2 == 0 else slots[:1]  # a batch of three, then of one: a buffer per batch size
+        logits = runner.decode(rows, tokens[: len(rows)])
+        steps.append(logits)
+        tokens = logits.argmax(-1).tolist() + tokens[len(rows) :]
+    return steps
+
+
+def assert_same_steps(model: Transformer) -> None:
+    planned, forward = decode_steps(model, plan=True), decode_steps(model, plan=False)
+    for step, (ours, reference) in enumerate(zip(planned, forward, strict=True)):
+        assert torch.equal(ours, reference), f"step {step}"
+
+
+def test_stories_decodes_the_forwards_logits(stories_hf_dir):
+    checkpoint = read_hf_dir(stories_hf_dir)
+    assert_same_steps(Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64))
+
+
+def test_q4_0_blocks_decode_the_forwards_logits(tmp_path: Path):
+    path = write_wide_gguf(tmp_path, Q.Q4_0)
+    assert_same_steps(_model(path, _keep(path, "q4_0")))
+
+
+@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX-512F: no FloatLinear")
+def test_float32_on_the_kernel_decodes_the_forwards_logits(tmp_path: Path):
+    model = _model(write_wide_gguf(tmp_path, Q.F32))
+    assert isinstance(model.layers[0].feed_forward.w13, FloatLinear)
+    assert_same_steps(model)
+
+
+def test_a_model_the_plan_cannot_serve_has_none(stories_hf_dir):
+    """Weights kept as nn.Linear (an attachable load, which a trainer writes) leave the forward to serve."""
+    checkpoint = read_hf_dir(stories_hf_dir)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, attachable=True)
+    assert DecodePlan.build(model) is None
