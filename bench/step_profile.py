@@ -59,7 +59,7 @@ def group_of(op: str) -> str:
 
 
 def profile_step(path: Path, batch: int, context: int) -> dict:
-    loaded = load_model(path, max_concurrent=max(batch, 1), context_window=context + 2 * STEPS + 8)
+    loaded = load_model(path, max_concurrent=max(batch, 1), context_window=context + 4 * STEPS + 16)
     runner = loaded.runner
     slots = [runner.allocate_slot() for _ in range(batch)]
     gen = torch.Generator().manual_seed(0)
