@@ -33,7 +33,7 @@ def decode_steps(model: Transformer, *, plan: bool) -> list[torch.Tensor]:
         runner.prefill(slots[-1], (PROMPT * 2)[:length])
     tokens, steps = [11, 12, 13], []
     for step in range(6):
-        rows = slots if step % 2 == 0 else slots[:1]  # a batch of three, then of one: a buffer per batch size
+        rows = slots[:1] if step % 2 == 0 else slots  # one row, then three (buffers grow), then one again (a view)
         logits = runner.decode(rows, tokens[: len(rows)])
         steps.append(logits)
         tokens = logits.argmax(-1).tolist() + tokens[len(rows) :]

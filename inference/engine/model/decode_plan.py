@@ -5,8 +5,8 @@ At decode sizes the forward's Python is most of a small model's step and a real 
 goes through a dozen module calls, checks and wrapper functions, each allocating its output, some ten microseconds
 per layer call by call. A plan resolves all of that once, when the model is built: each linear layer becomes its
 kernel call with the weight's address bound, each norm its weight's address, and every intermediate result a buffer
-per batch size, reused step after step. A step is then the embedding lookup, two table lookups and eight calls per
-layer. The logits are the forward's bit for bit (`tests/engine/test_decode_plan.py`).
+sized for the largest batch so far, reused step after step. A step is then the embedding lookup, two table lookups
+and eight calls per layer. The logits are the forward's bit for bit (`tests/engine/test_decode_plan.py`).
 
 A plan serves float32 CPU models whose decode attends through the paged kernel (paged_attention.py) and whose
 linear layers are the C kernel's (block_quant.py's, FloatLinear) or small transposed ones; for any other model
@@ -15,6 +15,8 @@ CUDA).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -97,14 +99,32 @@ class _Layer:
         self.wqkv, self.wo, self.w13, self.w2 = linears
 
 
+@dataclass(slots=True)
 class _Buffers:
-    """Every intermediate result of a step of `rows` decode rows."""
+    """Every intermediate result of a decode step, [rows, width] each."""
 
-    def __init__(self, rows: int, hidden: int, qkv: int, attended: int, ffn: int, head_dim: int):
-        self.x, self.delta, self.normed = (torch.empty(rows, hidden) for _ in range(3))
-        self.qkv, self.attended = torch.empty(rows, qkv), torch.empty(rows, attended)
-        self.gate_up, self.activated = torch.empty(rows, 2 * ffn), torch.empty(rows, ffn)
-        self.cos, self.sin_signed = torch.empty(rows, head_dim), torch.empty(rows, head_dim)
+    x: torch.Tensor
+    delta: torch.Tensor
+    normed: torch.Tensor
+    qkv: torch.Tensor
+    attended: torch.Tensor
+    gate_up: torch.Tensor
+    activated: torch.Tensor
+    cos: torch.Tensor
+    sin_signed: torch.Tensor
+
+    @classmethod
+    def allocate(cls, rows: int, hidden: int, qkv: int, attended: int, ffn: int, head_dim: int) -> _Buffers:
+        widths = (hidden, hidden, hidden, qkv, attended, 2 * ffn, ffn, head_dim, head_dim)
+        return cls(*(torch.empty(rows, width) for width in widths))
+
+    @property
+    def rows(self) -> int:
+        return self.x.shape[0]
+
+    def rows_of(self, rows: int) -> _Buffers:
+        """The first `rows` rows of each (contiguous views): a smaller batch's buffers."""
+        return self if rows == self.rows else _Buffers(*(getattr(self, f.name)[:rows] for f in fields(self)))
 
 
 class DecodePlan:
@@ -117,7 +137,8 @@ class DecodePlan:
         self.qkv_width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.ffn = config.intermediate_size
         self.final_norm = model.norm.weight.data_ptr()
-        self.buffers: dict[int, _Buffers] = {}
+        self.buffers: _Buffers | None = None  # for the largest batch so far
+        self.views: dict[int, _Buffers] = {}  # its first rows, by batch size
 
     @classmethod
     def build(cls, model: Transformer) -> DecodePlan | None:
@@ -149,11 +170,13 @@ class DecodePlan:
     def forward(self, tokens: torch.Tensor, cache: KVCache, view: CacheView) -> torch.Tensor:
         """The logits [B, V] of one decode token per row of `view`, as Transformer.forward computes them."""
         rows = tokens.shape[0]
-        b = self.buffers.get(rows)
+        b = self.views.get(rows)
         if b is None:
-            b = self.buffers[rows] = _Buffers(
-                rows, self.hidden, self.qkv_width, self.kv_heads * self.group * self.head_dim, self.ffn, self.head_dim
-            )
+            if self.buffers is None or self.buffers.rows < rows:
+                attended = self.kv_heads * self.group * self.head_dim
+                self.buffers = _Buffers.allocate(rows, self.hidden, self.qkv_width, attended, self.ffn, self.head_dim)
+                self.views = {}
+            b = self.views[rows] = self.buffers.rows_of(rows)
         model, norm, attend = self.model, pointwise.KERNEL.rms_norm, paged_attention.KERNEL.decode
         positions = view.positions.reshape(-1)
         torch.index_select(model.embed.weight, 0, tokens, out=b.x)
