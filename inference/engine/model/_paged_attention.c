@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_attend_avx2.h"
 #include "_fast_exp.h"
 #include "_pool_run.h"
 
@@ -199,6 +200,53 @@ static void rotate_and_store(const Work *w, int64_t pair, float *q, float *key) 
     store_row(w->values, w->kv_dtype, at, row + (heads + w->kv_heads + h) * dim, dim);
 }
 
+#ifdef ATTEND_AVX2
+/* Whether this CPU runs _attend_avx2.h (set at import). */
+static int vector_attend = 0;
+
+/* One pair through _attend_avx2.h: each block's keys and values in eight-position pieces, the next block's asked for
+ * while this one is read (the next pair's first, after the last). */
+ATTEND_INLINE void attend_pair_vector(const Work *w, int64_t pair, int64_t last, float *q, Online *state,
+                                      const int kv_dtype) {
+    const int64_t dim = w->dim, group = w->group, bs = w->block_size, b = pair / w->kv_heads;
+    const int64_t h = pair % w->kv_heads, length = w->lengths[b], element = kv_dtype == KV_FLOAT32 ? 4 : 2;
+    const int64_t block_bytes = bs * dim * element, head_base = h * w->pool_blocks * bs;
+    const int64_t *blocks = w->table + b * w->table_width;
+    float *out = w->out + pair * group * dim;
+    for (int64_t i = 0; i < group * dim; i++) q[i] *= w->scale;
+    memset(out, 0, sizeof(float) * (size_t)(group * dim));
+    for (int64_t g = 0; g < group; g++) state[g] = (Online){-INFINITY, 0.0f};
+    for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
+        if (start + bs < length) {
+            prefetch_block(w->keys, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+            prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
+        } else if (pair + 1 < last) {
+            prefetch_block(w->keys, first_key_block(w, pair + 1), block_bytes, element);
+            prefetch_block(w->values, first_key_block(w, pair + 1), block_bytes, element);
+        }
+        const int64_t held = length - start < bs ? length - start : bs, base = (head_base + blocks[j] * bs) * dim;
+        for (int64_t t = 0; t < held; t += 8) {
+            const int64_t at = base + t * dim;
+            if (held - t >= 8) attend8(w->keys, w->values, kv_dtype, at, 8, q, group, dim, state, out);
+            else attend8(w->keys, w->values, kv_dtype, at, (int)(held - t), q, group, dim, state, out);
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = 1.0f / state[g].total;
+        for (int64_t i = 0; i < dim; i++) out[g * dim + i] *= inv;
+    }
+}
+
+#define ATTEND_PAIR(NAME, KV_DTYPE)                                                                                 \
+    __attribute__((target(ATTEND_AVX2_TARGET))) static void NAME(const Work *w, int64_t pair, int64_t last, float *q, \
+                                                                 Online *state) {                                     \
+        attend_pair_vector(w, pair, last, q, state, KV_DTYPE);                                                        \
+    }
+ATTEND_PAIR(attend_pair_float32, KV_FLOAT32)
+ATTEND_PAIR(attend_pair_float16, KV_FLOAT16)
+ATTEND_PAIR(attend_pair_bfloat16, KV_BFLOAT16)
+#endif
+
 /* Pairs [first, last) of the step. `scores` has room for the longest row's positions per query head, `rows` for one
  * block as float32, `q` for the pair's rotated query heads and one rotated key. */
 static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows, float *q) {
@@ -207,6 +255,15 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
     for (int64_t pair = first; pair < last; pair++) {
         const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
         rotate_and_store(w, pair, q, q + group * dim);
+#ifdef ATTEND_AVX2
+        if (vector_attend && dim % 8 == 0) { /* the room for a widened block holds the heads' running states */
+            Online *state = (Online *)rows;
+            if (w->kv_dtype == KV_FLOAT32) attend_pair_float32(w, pair, last, q, state);
+            else if (w->kv_dtype == KV_FLOAT16) attend_pair_float16(w, pair, last, q, state);
+            else attend_pair_bfloat16(w, pair, last, q, state);
+            continue;
+        }
+#endif
         float *out = w->out + pair * group * dim;
         const int64_t *blocks = w->table + b * w->table_width;
         const int64_t head_base = h * w->pool_blocks * bs;
@@ -318,6 +375,9 @@ PyMODINIT_FUNC PyInit__paged_attention(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) f16_to_f32 = f16_to_f32_f16c;
+#endif
+#ifdef ATTEND_AVX2
+    vector_attend = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
     pool_run = (PoolRun)PyCapsule_Import(POOL_RUN_CAPSULE, 0);
     if (pool_run == NULL) PyErr_Clear(); /* built without it: OpenMP's threads */
