@@ -56,7 +56,7 @@ def test_q4_0_blocks_decode_the_forwards_logits(tmp_path: Path):
     assert_same_steps(_model(path, _keep(path, "q4_0")))
 
 
-@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX-512F: no FloatLinear")
+@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")
 def test_float32_on_the_kernel_decodes_the_forwards_logits(tmp_path: Path):
     model = _model(write_wide_gguf(tmp_path, Q.F32))
     assert isinstance(model.layers[0].feed_forward.w13, FloatLinear)

@@ -3,16 +3,22 @@
  * weight is held once.
  *
  * oneDNN's packed float32 linear (PackedLinear) reads the weights at ~23 GB/s at one row on this project's 2-core
- * AVX-512 machine, this kernel at ~28-30 GB/s, and at eight rows it is ~13% faster; from ~32 rows on oneDNN wins
- * (docs/performance.md). It also runs on the elastic pool (_elastic_pool.h) instead of OpenMP, which is what
- * matters most when serving.
+ * AVX-512 machine, this kernel at ~28-30 GB/s, and at eight rows it is ~13% faster; from ~32 rows on oneDNN wins.
+ * On a 2-core AVX2 machine (AMD Zen 2) oneDNN took 18.5 ms for the 85M model's linears at one row and 28.6 ms at
+ * eight (docs/performance.md). The kernel also runs on the elastic pool (_elastic_pool.h) instead of OpenMP, which
+ * is what matters most when serving.
  *
- * A tile is RN weight rows by RM activation rows, RN x RM 16-lane accumulators along K (the tail of K through a
- * masked load), summed across lanes at the end: each weight vector is loaded once for RM rows, each activation
- * vector once for RN weight rows. One to three activation rows are walked eight weight rows at a time (eight
- * streams keep the hardware prefetcher ahead); five to eight all at once against three weight rows (one pass over
- * the weights); more in tiles of 4 x 4. From four rows on, the weight rows 16 further on are prefetched on the
- * first pass over a tile's rows. AVX-512F only: on other CPUs FloatLinear is not used (matmul_kernel.py).
+ * A tile is RN weight rows by RM activation rows, RN x RM accumulators along K (the tail of K through a masked
+ * load), summed across lanes at the end: each weight vector is loaded once for RM rows, each activation vector once
+ * for RN weight rows. Two versions, by register file:
+ * - AVX-512F (32 registers of 16 lanes): one to three activation rows are walked eight weight rows at a time (eight
+ *   streams keep the hardware prefetcher ahead); five to eight all at once against three weight rows (one pass over
+ *   the weights); more in tiles of 4 x 4.
+ * - AVX2 + FMA (16 registers of 8 lanes): at most 12 accumulators, so one to four rows all at once against 8, 6, 4
+ *   or 3 weight rows; five to eight all at once against one weight row (one pass over the weights, the activations
+ *   read from L1); more in tiles of 3 x 4.
+ * From four rows on, the weight rows 16 further on are prefetched on the first pass over a tile's rows. Without
+ * either instruction set FloatLinear is not used (matmul_kernel.py).
  */
 #pragma once
 #include <stdint.h>
@@ -25,7 +31,7 @@ typedef struct {
 } FloatMatmul;
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define FLOAT_MATMUL_AVX512 1
+#define FLOAT_MATMUL_X86 1
 #include <immintrin.h>
 #define AVX512 "avx512f,fma"
 
@@ -101,5 +107,92 @@ __attribute__((target(AVX512))) static void float_rows_avx512(const FloatMatmul 
     for (; n + 4 <= n_last; n += 4) float_tiles_avx512_4(mm, n);
     for (; n + 2 <= n_last; n += 2) float_tiles_avx512_2(mm, n);
     if (n < n_last) float_tiles_avx512_1(mm, n);
+}
+
+#define AVX2_FMA "avx2,fma"
+
+__attribute__((target(AVX2_FMA), always_inline)) static inline float sum_lanes_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target(AVX2_FMA), always_inline)) static inline void float_tile_avx2(const FloatMatmul *mm, int64_t n0,
+                                                                                  int64_t m0, const int RN,
+                                                                                  const int RM) {
+    __m256 acc[8][8];
+    for (int i = 0; i < RN; i++)
+        for (int r = 0; r < RM; r++) acc[i][r] = _mm256_setzero_ps();
+    const int64_t k = mm->k;
+    int64_t j = 0;
+    const int prefetch = mm->m >= 4 && m0 == 0 && n0 + 16 + RN <= mm->n;
+    for (; j + 8 <= k; j += 8) {
+        if (prefetch && j % 16 == 0)
+            for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + 16 + i) * k + j), _MM_HINT_T0);
+        if (RN == 1) { /* the activations straight from L1, one register for the weight */
+            const __m256 w = _mm256_loadu_ps(mm->w + n0 * k + j);
+            for (int r = 0; r < RM; r++) acc[0][r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(mm->x + (m0 + r) * k + j), acc[0][r]);
+            continue;
+        }
+        __m256 x[4];
+        for (int r = 0; r < RM; r++) x[r] = _mm256_loadu_ps(mm->x + (m0 + r) * k + j);
+        for (int i = 0; i < RN; i++) {
+            const __m256 w = _mm256_loadu_ps(mm->w + (n0 + i) * k + j);
+            for (int r = 0; r < RM; r++) acc[i][r] = _mm256_fmadd_ps(w, x[r], acc[i][r]);
+        }
+    }
+    if (j < k) {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(k - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int i = 0; i < RN; i++) {
+            const __m256 w = _mm256_maskload_ps(mm->w + (n0 + i) * k + j, mask);
+            for (int r = 0; r < RM; r++)
+                acc[i][r] = _mm256_fmadd_ps(w, _mm256_maskload_ps(mm->x + (m0 + r) * k + j, mask), acc[i][r]);
+        }
+    }
+    for (int i = 0; i < RN; i++)
+        for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum_lanes_avx2(acc[i][r]);
+}
+
+/* Weight rows [n, n_last) against activation rows [m0, m0 + RM): RN at a time, then one at a time. */
+#define FLOAT_ROWS_AVX2(RN, RM)                                                                                     \
+    __attribute__((target(AVX2_FMA))) static int64_t float_rows_avx2_##RN##_##RM(const FloatMatmul *mm, int64_t n, \
+                                                                                int64_t n_last, int64_t m0) {      \
+        for (; n + RN <= n_last; n += RN) float_tile_avx2(mm, n, m0, RN, RM);                                       \
+        for (; n < n_last; n++) float_tile_avx2(mm, n, m0, 1, RM);                                                  \
+        return n;                                                                                                   \
+    }
+FLOAT_ROWS_AVX2(8, 1)
+FLOAT_ROWS_AVX2(6, 2)
+FLOAT_ROWS_AVX2(4, 3)
+FLOAT_ROWS_AVX2(3, 4)
+FLOAT_ROWS_AVX2(1, 5)
+FLOAT_ROWS_AVX2(1, 6)
+FLOAT_ROWS_AVX2(1, 7)
+FLOAT_ROWS_AVX2(1, 8)
+
+__attribute__((target(AVX2_FMA))) static void float_rows_avx2(const FloatMatmul *mm, int64_t n_first, int64_t n_last) {
+    switch (mm->m) {
+    case 1: float_rows_avx2_8_1(mm, n_first, n_last, 0); return;
+    case 2: float_rows_avx2_6_2(mm, n_first, n_last, 0); return;
+    case 3: float_rows_avx2_4_3(mm, n_first, n_last, 0); return;
+    case 4: float_rows_avx2_3_4(mm, n_first, n_last, 0); return;
+    case 5: float_rows_avx2_1_5(mm, n_first, n_last, 0); return;
+    case 6: float_rows_avx2_1_6(mm, n_first, n_last, 0); return;
+    case 7: float_rows_avx2_1_7(mm, n_first, n_last, 0); return;
+    case 8: float_rows_avx2_1_8(mm, n_first, n_last, 0); return;
+    default: break;
+    }
+    /* many rows: each band of 24 weight rows against every four activation rows while the band is in cache */
+    for (int64_t n = n_first; n < n_last; n += 24) {
+        const int64_t band = n + 24 < n_last ? n + 24 : n_last;
+        int64_t m0 = 0;
+        for (; m0 + 4 <= mm->m; m0 += 4) float_rows_avx2_3_4(mm, n, band, m0);
+        switch (mm->m - m0) {
+        case 3: float_rows_avx2_4_3(mm, n, band, m0); break;
+        case 2: float_rows_avx2_6_2(mm, n, band, m0); break;
+        case 1: float_rows_avx2_8_1(mm, n, band, m0); break;
+        default: break;
+        }
+    }
 }
 #endif

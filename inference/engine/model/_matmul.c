@@ -388,43 +388,47 @@ static PyObject *select_kernel(PyObject *self, PyObject *args) {
     return NULL;
 }
 
-#ifdef FLOAT_MATMUL_AVX512
-/* The float32 product's chunks for the pool: output rows, in whole tiles of 8. */
+#ifdef FLOAT_MATMUL_X86
+/* The float32 product's chunks for the pool: output rows, in whole bands of 24 (a multiple of every tile's rows). */
 typedef struct {
     const FloatMatmul *mm;
     int64_t rows_per_chunk;
+    void (*rows)(const FloatMatmul *, int64_t, int64_t);
 } FloatChunks;
 
 static void float_chunk(void *ctx, int64_t c) {
     const FloatChunks *ch = ctx;
     const int64_t first = c * ch->rows_per_chunk, last = first + ch->rows_per_chunk;
-    float_rows_avx512(ch->mm, first, last < ch->mm->n ? last : ch->mm->n);
+    ch->rows(ch->mm, first, last < ch->mm->n ? last : ch->mm->n);
 }
 #endif
 
-static int float_kernel_runs(void) {
-#ifdef FLOAT_MATMUL_AVX512
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
-#else
-    return 0;
+/* The float32 kernel this CPU runs (_float_matmul.h): AVX-512F's, else AVX2's, else none. */
+static void (*float_rows(void))(const FloatMatmul *, int64_t, int64_t) {
+#ifdef FLOAT_MATMUL_X86
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return float_rows_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return float_rows_avx2;
 #endif
+    return NULL;
 }
+
+static int float_kernel_runs(void) { return float_rows() != NULL; }
 
 static PyObject *float_matmul(PyObject *self, PyObject *args) {
     Py_ssize_t out, x, weight;
     FloatMatmul mm;
     if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight, &mm.m, &mm.n, &mm.k)) return NULL;
     if (!float_kernel_runs()) {
-        PyErr_SetString(PyExc_RuntimeError, "the float32 kernel needs AVX-512F");
+        PyErr_SetString(PyExc_RuntimeError, "the float32 kernel needs AVX2 and FMA");
         return NULL;
     }
-#ifdef FLOAT_MATMUL_AVX512
+#ifdef FLOAT_MATMUL_X86
     mm.out = (float *)out;
     mm.x = (const float *)x;
     mm.w = (const float *)weight;
     Py_BEGIN_ALLOW_THREADS;
-    int64_t rows = mm.n / ((int64_t)pool.threads * 8) / 8 * 8;
-    FloatChunks chunks = {&mm, rows < 16 ? 16 : rows};
+    int64_t rows = mm.n / ((int64_t)pool.threads * 8) / 24 * 24;
+    FloatChunks chunks = {&mm, rows < 24 ? 24 : rows, float_rows()};
     pool_run(float_chunk, &chunks, (mm.n + chunks.rows_per_chunk - 1) / chunks.rows_per_chunk,
              mm.n * mm.m * mm.k >= 65536);
     Py_END_ALLOW_THREADS;
@@ -452,7 +456,7 @@ static PyMethodDef methods[] = {
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},
     {"float_matmul", float_matmul, METH_VARARGS,
      "float_matmul(out, x, weight, m, n, k): out[m, n] = x[m, k] @ weight[n, k]^T (float32 pointers as ints)."},
-    {"float_available", float_available, METH_NOARGS, "whether this CPU runs the float32 kernel (AVX-512F)"},
+    {"float_available", float_available, METH_NOARGS, "whether this CPU runs the float32 kernel (AVX-512F or AVX2)"},
     {"set_threads", set_threads, METH_VARARGS, "set_threads(n): share each call's work among n threads"},
     {"threads", threads, METH_NOARGS, "how many threads each call's work is shared among"},
     {NULL, NULL, 0, NULL},

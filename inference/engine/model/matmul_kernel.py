@@ -27,5 +27,5 @@ def set_threads(threads: int) -> None:
 
 
 def float_kernel_runs() -> bool:
-    """Whether this CPU runs the float32 kernel (it needs AVX-512F)."""
+    """Whether this CPU runs the float32 kernel (it needs AVX-512F, or AVX2 and FMA)."""
     return KERNEL is not None and KERNEL.float_available()
