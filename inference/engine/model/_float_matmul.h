@@ -4,9 +4,8 @@
  *
  * oneDNN's packed float32 linear (PackedLinear) reads the weights at ~23 GB/s at one row on this project's 2-core
  * AVX-512 machine, this kernel at ~28-30 GB/s, and at eight rows it is ~13% faster; from ~32 rows on oneDNN wins.
- * On a 2-core AVX2 machine (AMD Zen 2) oneDNN took 18.5 ms for the 85M model's linears at one row and 28.6 ms at
- * eight (docs/performance.md). The kernel also runs on the elastic pool (_elastic_pool.h) instead of OpenMP, which
- * is what matters most when serving.
+ * On an AVX2-only machine the gap is wider at every row count measured (docs/performance.md). The kernel also runs
+ * on the elastic pool (_elastic_pool.h) instead of OpenMP, which is what matters most when serving.
  *
  * A tile is RN weight rows by RM activation rows, RN x RM accumulators along K (the tail of K through a masked
  * load), summed across lanes at the end: each weight vector is loaded once for RM rows, each activation vector once
