@@ -192,7 +192,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
  * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
  * codes are the values plus 8), at 0 for Q8_0. Q8 is a constant: each format gets its own code. */
-#define TILE(TARGET, SUFFIX, FMT, Q8)                                                                              \
+#define TILE(TARGET, SUFFIX, FMT, Q8, ONE_ROW)                                                                     \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
         const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;                                              \
@@ -265,16 +265,25 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
     __attribute__((target(TARGET))) static void matmul_rows_##SUFFIX##FMT(const Matmul *mm, int64_t n_first,      \
                                                                          int64_t n_last) {                         \
         int64_t n = n_first;                                                                                       \
+        if (ONE_ROW) { /* one sequential stream of weights per thread (see ONE_ROW_AVX2) */                        \
+            for (; n < n_last; n++) tiles_##SUFFIX##FMT(mm, n, 1);                                                 \
+            return;                                                                                                \
+        }                                                                                                          \
         if (mm->m < ROWS_PER_TILE) /* few rows: more weight rows per tile keep more multiply-add chains going */   \
             for (; n + 4 <= n_last; n += 4) tiles_##SUFFIX##FMT(mm, n, 4);                                         \
         for (; n + 2 <= n_last; n += 2) tiles_##SUFFIX##FMT(mm, n, 2);                                             \
         if (n < n_last) tiles_##SUFFIX##FMT(mm, n, 1);                                                             \
     }
 
-TILE(AVX2, avx2, _q4_0, 0)
-TILE(AVX2, avx2, _q8_0, 1)
-TILE(VNNI, vnni, _q4_0, 0)
-TILE(VNNI, vnni, _q8_0, 1)
+/* The AVX2 kernel walks one weight row at a time: each thread then reads its weights as one sequential stream, which
+ * the hardware prefetcher follows, where a tile of several rows, read side by side 256 values at a time, made it
+ * fetch too little ahead and the loads no longer overlapped the arithmetic. Measured on an AVX2-only AMD Zen 2 host,
+ * from one row to eight (docs/performance.md); the VNNI kernel keeps its tiles, tuned on an AVX-512 host. */
+#define ONE_ROW_AVX2 1
+TILE(AVX2, avx2, _q4_0, 0, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q8_0, 1, ONE_ROW_AVX2)
+TILE(VNNI, vnni, _q4_0, 0, 0)
+TILE(VNNI, vnni, _q8_0, 1, 0)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
