@@ -28,9 +28,9 @@
  *
  * The work is shared, with the GIL released, among the threads of the elastic pool (_elastic_pool.h) rather than
  * torch's OpenMP ones: activation rows to quantize, then output rows, in chunks claimed one at a time, so a thread
- * the host preempts holds back only its chunk. Each chunk walks its weight rows in tiles of 2 or 4, and each tile
- * every activation row in groups of four, so a weight vector is read from memory once per call and reused from
- * registers.
+ * the host preempts holds back only its chunk. Each chunk walks its weight rows one at a time (AVX2: one sequential
+ * stream, see ONE_ROW_AVX2) or in tiles of 2 or 4 (VNNI), and each tile every activation row in groups of four, so a
+ * weight vector is read from memory once per call and reused from registers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
