@@ -295,6 +295,12 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
     }
 }
 
+/* Floats of scratch for one block widened to float32, which the AVX2 path uses for its query heads' running states
+ * instead (two floats each). */
+static int64_t block_room(const Work *w) {
+    return w->block_size * w->dim > 2 * w->group ? w->block_size * w->dim : 2 * w->group;
+}
+
 /* The matmul extension's elastic pool (_pool_run.h), when it is there; else OpenMP's threads. */
 static PoolRun pool_run = NULL;
 
@@ -311,7 +317,7 @@ static void attend_chunk(void *ctx, int64_t c) {
     int64_t longest = 0;
     for (int64_t b = 0; b < a->w->rows; b++) longest = a->w->lengths[b] > longest ? a->w->lengths[b] : longest;
     float *mine = a->scores + c * a->scratch, *rows = mine + a->w->group * longest;
-    attend(a->w, first, last, mine, rows, rows + a->w->block_size * a->w->dim);
+    attend(a->w, first, last, mine, rows, rows + block_room(a->w));
 }
 
 static PyObject *decode(PyObject *self, PyObject *args) {
@@ -333,7 +339,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     int64_t longest = 0;
     for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
     const int64_t pairs = w.rows * w.kv_heads;
-    const int64_t scratch = w.group * longest + w.block_size * w.dim + (w.group + 1) * w.dim;
+    const int64_t scratch = w.group * longest + block_room(&w) + (w.group + 1) * w.dim;
     if (pool_run != NULL) { /* the matmul kernels' elastic pool: chunks of pairs, a scratch area each */
         AttendChunks chunks = {&w, pairs / 16 > 1 ? pairs / 16 : 1, scratch, NULL};
         const int64_t count = (pairs + chunks.pairs_per_chunk - 1) / chunks.pairs_per_chunk;
@@ -354,7 +360,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         /* contiguous shares, so each thread's prefetch of its next pair stays its own */
         const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
         float *mine = scores + t * scratch, *rows = mine + w.group * longest;
-        attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, rows, rows + w.block_size * w.dim);
+        attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, rows, rows + block_room(&w));
     }
     Py_END_ALLOW_THREADS;
     free(scores);
