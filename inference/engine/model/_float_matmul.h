@@ -15,7 +15,7 @@
  *   the weights); more in tiles of 4 x 4.
  * - AVX2 + FMA (16 registers of 8 lanes): at most 12 accumulators, so one to four rows all at once against 8, 6, 4
  *   or 3 weight rows; five to eight all at once against one weight row (one pass over the weights, the activations
- *   read from L1); more in tiles of 3 x 4.
+ *   read from L1), or against two where the activations do not fit L1; more in tiles of 3 x 4.
  * From four rows on, the weight rows 16 further on are prefetched on the first pass over a tile's rows. Without
  * either instruction set FloatLinear is not used (matmul_kernel.py).
  */
@@ -128,6 +128,15 @@ __attribute__((target(AVX2_FMA), always_inline)) static inline void float_tile_a
     for (; j + 8 <= k; j += 8) {
         if (prefetch && j % 16 == 0)
             for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + 16 + i) * k + j), _MM_HINT_T0);
+        if (RN == 2 && RM > 4) { /* two weight registers, each activation vector used twice */
+            const __m256 w0 = _mm256_loadu_ps(mm->w + n0 * k + j), w1 = _mm256_loadu_ps(mm->w + (n0 + 1) * k + j);
+            for (int r = 0; r < RM; r++) {
+                const __m256 xr = _mm256_loadu_ps(mm->x + (m0 + r) * k + j);
+                acc[0][r] = _mm256_fmadd_ps(w0, xr, acc[0][r]);
+                acc[1][r] = _mm256_fmadd_ps(w1, xr, acc[1][r]);
+            }
+            continue;
+        }
         if (RN == 1) { /* the activations straight from L1, one register for the weight */
             const __m256 w = _mm256_loadu_ps(mm->w + n0 * k + j);
             for (int r = 0; r < RM; r++) acc[0][r] = _mm256_fmadd_ps(w, _mm256_loadu_ps(mm->x + (m0 + r) * k + j), acc[0][r]);
@@ -152,6 +161,11 @@ __attribute__((target(AVX2_FMA), always_inline)) static inline void float_tile_a
         for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum_lanes_avx2(acc[i][r]);
 }
 
+/* Five to eight rows whose activations fit in L1 go against one weight row at a time, reading the activations from
+ * L1 for every multiply-add; longer ones (the down projection's) would come from L2 that way, so they go against two
+ * weight rows at a time, each activation vector loaded once for both. */
+#define FLOAT_L1_BYTES 32768
+
 /* Weight rows [n, n_last) against activation rows [m0, m0 + RM): RN at a time, then one at a time. */
 #define FLOAT_ROWS_AVX2(RN, RM)                                                                                     \
     __attribute__((target(AVX2_FMA))) static int64_t float_rows_avx2_##RN##_##RM(const FloatMatmul *mm, int64_t n, \
@@ -164,21 +178,37 @@ FLOAT_ROWS_AVX2(8, 1)
 FLOAT_ROWS_AVX2(6, 2)
 FLOAT_ROWS_AVX2(4, 3)
 FLOAT_ROWS_AVX2(3, 4)
+FLOAT_ROWS_AVX2(2, 5)
+FLOAT_ROWS_AVX2(2, 6)
+/* Seven or eight long rows: six against two weight rows, then the rest against the same two while they are in L1. */
+__attribute__((target(AVX2_FMA))) static void float_rows_avx2_six_and_rest(const FloatMatmul *mm, int64_t n,
+                                                                           int64_t n_last) {
+    for (; n + 2 <= n_last; n += 2) {
+        float_tile_avx2(mm, n, 0, 2, 6);
+        if (mm->m == 8) float_tile_avx2(mm, n, 6, 2, 2);
+        else float_tile_avx2(mm, n, 6, 2, 1);
+    }
+    for (; n < n_last; n++) {
+        float_tile_avx2(mm, n, 0, 1, 4);
+        float_tile_avx2(mm, n, 4, 1, (int)mm->m - 4 == 4 ? 4 : 3);
+    }
+}
 FLOAT_ROWS_AVX2(1, 5)
 FLOAT_ROWS_AVX2(1, 6)
 FLOAT_ROWS_AVX2(1, 7)
 FLOAT_ROWS_AVX2(1, 8)
 
 __attribute__((target(AVX2_FMA))) static void float_rows_avx2(const FloatMatmul *mm, int64_t n_first, int64_t n_last) {
+    const int two = mm->m * mm->k * (int64_t)sizeof(float) > FLOAT_L1_BYTES;
     switch (mm->m) {
     case 1: float_rows_avx2_8_1(mm, n_first, n_last, 0); return;
     case 2: float_rows_avx2_6_2(mm, n_first, n_last, 0); return;
     case 3: float_rows_avx2_4_3(mm, n_first, n_last, 0); return;
     case 4: float_rows_avx2_3_4(mm, n_first, n_last, 0); return;
-    case 5: float_rows_avx2_1_5(mm, n_first, n_last, 0); return;
-    case 6: float_rows_avx2_1_6(mm, n_first, n_last, 0); return;
-    case 7: float_rows_avx2_1_7(mm, n_first, n_last, 0); return;
-    case 8: float_rows_avx2_1_8(mm, n_first, n_last, 0); return;
+    case 5: if (two) { float_rows_avx2_2_5(mm, n_first, n_last, 0); return; } float_rows_avx2_1_5(mm, n_first, n_last, 0); return;
+    case 6: if (two) { float_rows_avx2_2_6(mm, n_first, n_last, 0); return; } float_rows_avx2_1_6(mm, n_first, n_last, 0); return;
+    case 7: if (two) { float_rows_avx2_six_and_rest(mm, n_first, n_last); return; } float_rows_avx2_1_7(mm, n_first, n_last, 0); return;
+    case 8: if (two) { float_rows_avx2_six_and_rest(mm, n_first, n_last); return; } float_rows_avx2_1_8(mm, n_first, n_last, 0); return;
     default: break;
     }
     /* many rows: each band of 24 weight rows against every four activation rows while the band is in cache */
