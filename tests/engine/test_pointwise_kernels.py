@@ -38,10 +38,11 @@ def test_a_non_contiguous_input_is_read_as_its_values():
         kernel.rms_norm(x, weight, 1e-6, torch.randn(4, 768))
 
 
+@pytest.mark.parametrize("width", [2048, 13])  # 13: eight values at a time (AVX2) and a tail of five
 @pytest.mark.parametrize("rows", [1, 40])
-def test_the_kernel_computes_swiglu(rows: int):
+def test_the_kernel_computes_swiglu(rows: int, width: int):
     torch.manual_seed(rows)
-    gate_up = 4 * torch.randn(rows, 2 * 2048)  # gates far into both tails of the sigmoid
+    gate_up = 4 * torch.randn(rows, 2 * width)  # gates far into both tails of the sigmoid
     gate_up[0, :4] = torch.tensor([-100.0, -88.0, 89.0, 100.0])  # past the exponential's float32 range
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(kernel.swiglu(gate_up), F.silu(gate) * up, rtol=1e-6, atol=1e-6)

@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "_fast_exp.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ATTEND_AVX2 1
 #include <immintrin.h>
@@ -48,23 +50,6 @@ ATTEND_INLINE float add_lanes_8(__m256 x) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* _fast_exp.h's exp, eight lanes: the same clamp, reduction and polynomial. */
-ATTEND_INLINE __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f),
-                                     _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
-
 /* A query head's running maximum and sum of exp(score - maximum); its output row holds the unnormalized weighted sum
  * of the values until the pair's last position. */
 typedef struct {
@@ -88,7 +73,7 @@ ATTEND_INLINE void attend8(const void *keys, const void *values, int kv_dtype, i
         const __m256 scores = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), sum_lanes_8(d), held);
         const float top = fmaxf(state[g].top, max_lanes_8(scores));
         const float rescale = state[g].total > 0.0f ? expf(state[g].top - top) : 0.0f;
-        const __m256 p = _mm256_and_ps(held, exp8(_mm256_sub_ps(scores, _mm256_set1_ps(top))));
+        const __m256 p = _mm256_and_ps(held, fast_exp8(_mm256_sub_ps(scores, _mm256_set1_ps(top))));
         state[g].total = state[g].total * rescale + add_lanes_8(p);
         state[g].top = top;
         float weights[8];
