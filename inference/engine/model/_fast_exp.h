@@ -1,5 +1,6 @@
-/* exp(x) for float32 in a form the compiler vectorizes, shared by the C kernels (softmax in _paged_attention.c, SiLU
- * in _pointwise.c): libm's expf is a call per value. Cephes' single-precision polynomial after reducing x to
+/* exp(x) for float32 without libm's call per value, shared by the C kernels (softmax in _paged_attention.c, SiLU in
+ * _pointwise.c), and fast_exp8, the same on eight AVX2 lanes: GCC does not vectorize fast_exp's loops (floorf and the
+ * clamps leave control flow in them), so the kernels' AVX2 paths call fast_exp8. Cephes' single-precision polynomial after reducing x to
  * r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp. x is clamped to [-87, 88], where float32's exp neither underflows
  * to a denormal nor overflows: below, the result is exp(-87) (~1.6e-38), which a softmax weight or a sigmoid treats
  * as the zero it is at float precision. */
@@ -30,8 +31,7 @@ static inline float fast_exp(float x) {
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-/* fast_exp on eight lanes with AVX2 + FMA: the same clamp, reduction and polynomial. The compiler does not vectorize
- * fast_exp's loops on its own (floorf and the clamps leave control flow in them), so the AVX2 kernels call this. */
+/* fast_exp on eight lanes with AVX2 + FMA: the same clamp, reduction and polynomial. */
 __attribute__((target("avx2,fma"), always_inline)) static inline __m256 fast_exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));

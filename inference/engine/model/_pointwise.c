@@ -59,7 +59,8 @@ __attribute__((target("avx2,fma"))) static void swiglu_row_avx2(float *out, cons
     int64_t i = 0;
     for (; i + 8 <= width; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        const __m256 exp_minus_g = fast_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_minus_g));
         _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
     }
     swiglu_row(out + i, gate + i, up + i, width - i);
