@@ -1,9 +1,9 @@
 /* exp(x) for float32 without libm's call per value, shared by the C kernels (softmax in _paged_attention.c, SiLU in
  * _pointwise.c), and fast_exp8, the same on eight AVX2 lanes: GCC does not vectorize fast_exp's loops (floorf and the
- * clamps leave control flow in them), so the kernels' AVX2 paths call fast_exp8. Cephes' single-precision polynomial after reducing x to
- * r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp. x is clamped to [-87, 88], where float32's exp neither underflows
- * to a denormal nor overflows: below, the result is exp(-87) (~1.6e-38), which a softmax weight or a sigmoid treats
- * as the zero it is at float precision. */
+ * clamps leave control flow in them), so the kernels' AVX2 paths call fast_exp8. Cephes' single-precision
+ * polynomial after reducing x to r = x - n ln 2, |r| <= ln 2 / 2; within 2 ulp. x is clamped to [-87, 88], where
+ * float32's exp neither underflows to a denormal nor overflows: below, the result is exp(-87) (~1.6e-38), which a
+ * softmax weight or a sigmoid treats as the zero it is at float precision. */
 #ifndef PANTHEON_FAST_EXP_H
 #define PANTHEON_FAST_EXP_H
 
