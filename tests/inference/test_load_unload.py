@@ -12,6 +12,7 @@ import psutil
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from inference.engine.demo_model import write_demo_model
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
 from pantheon_site.models import AuditEvent
 from tests.engine.test_quantized_weights import write_wide_gguf
@@ -110,7 +111,7 @@ def test_without_a_server_the_commands_change_the_catalogue(server, stories_hf_d
     assert not ModelInstance.objects.exists()
 
 
-def stream_then_unload(server, api, name):
+def stream_then_unload(server, api, name, body=LONG_STREAM):
     """Starts a long greedy stream, and once its first token arrived, unloads the model. Returns the stream's
     events, the unload's response, and how many of those events the stream had received when the unload returned."""
     events, result = [], {}
@@ -120,7 +121,7 @@ def stream_then_unload(server, api, name):
         result["seen"] = len(events)
 
     with httpx.Client(base_url=server.url, timeout=60) as client:
-        with client.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "model": name}) as stream:
+        with client.stream("POST", "/v1/chat/completions", json={**body, "model": name}) as stream:
             lines = stream.iter_lines()
             while not next(lines).startswith('data: {"id"'):
                 pass
@@ -145,11 +146,16 @@ def test_unload_drains_a_generation_in_flight(api, server, stories_hf_dir):
     assert served(api) == []
 
 
-def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, stories_hf_dir, operator_token):
-    server = start_server(PANTHEON_UNLOAD_DRAIN_TIMEOUT_S="0.05")
+def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, tmp_path, operator_token):
+    # A generation that cannot end before the timeout, however fast the worker steps: 2,000 tokens of the demo
+    # model's window, with neither end of sequence nor the loop detector to end them early, are thousands of steps
+    # where the drain timeout is a few.
+    model = write_demo_model(tmp_path / "demo")
+    endless = {**LONG_STREAM, "max_tokens": 2000, "ignore_eos": True}
+    server = start_server(PANTHEON_UNLOAD_DRAIN_TIMEOUT_S="0.05", PANTHEON_REPETITION_LOOP_TOKENS="0")
     with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as api:
-        api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "slow"})
-        events, unload, _ = stream_then_unload(server, api, "slow")
+        api.post("/admin/models/load", json={"path": str(model), "name": "slow"})
+        events, unload, _ = stream_then_unload(server, api, "slow", endless)
         assert unload.status_code == 200 and unload.json()["aborted"] == 1
         assert "[DONE]" not in events
         # Ended by the unload at its drain timeout (far shorter than the generation), not run to its end.
