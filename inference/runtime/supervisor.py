@@ -1,9 +1,10 @@
 """The worker supervisor: one worker process per device, restarted when it dies, with the models it held.
 
 `WorkerSupervisor.start()` binds the engine client's socket and starts a worker for `cpu` and one per visible CUDA
-device (the cpu worker reports how many its torch sees, so this process never imports torch). A watch task notices
-a worker's exit within `poll_interval`, and a worker whose heartbeats stop for `heartbeat_timeout` is killed, which
-is then noticed the same way. Either way the client ends everything in flight on that worker with `WorkerDied`, the
+device (the cpu worker reports how many its torch sees, so this process never imports torch). A worker's exit is
+noticed as it happens where the OS gives a process file descriptor to wait on (Linux), otherwise by a watch task
+within `poll_interval`; that task also kills a worker whose heartbeats stop for `heartbeat_timeout`, whose exit is
+then noticed the same way. Either way the client ends everything in flight on that worker with `WorkerDied`, the
 `on_crash` hook runs (the platform writes an audit event there), and the worker is started again after an
 exponential backoff and given back its models.
 """
@@ -48,6 +49,7 @@ class WorkerProcess:
     state: str = "starting"  # starting, ready, restarting, stopped
     restarts: int = 0
     failures_in_a_row: int = 0
+    exit_fd: int | None = None  # readable once the process has exited (a pidfd), watched by the event loop
 
 
 @dataclass(slots=True)
@@ -132,6 +134,8 @@ class WorkerSupervisor:
                 task.cancel()
         await asyncio.gather(*(t for t in [self._watch, *self._recoveries] if t), return_exceptions=True)
         await asyncio.to_thread(self.terminate_all, timeout)
+        for worker in self.workers.values():
+            self._unwatch_exit(worker)
         await self.client.close()
 
     def terminate_all(self, timeout: float = 10.0) -> None:
@@ -180,6 +184,9 @@ class WorkerSupervisor:
         if previous:
             worker.restarts, worker.failures_in_a_row = previous.restarts + 1, previous.failures_in_a_row
         self.workers[device] = worker
+        if previous:
+            self._unwatch_exit(previous)
+        self._watch_exit(worker)
         ready = asyncio.ensure_future(self.client.wait_for_worker(device))
         deadline = time.monotonic() + self.ready_timeout
         try:
@@ -205,6 +212,28 @@ class WorkerSupervisor:
                 self._check_workers(judge_heartbeats)
             except Exception:  # the watch must outlive any one bad check
                 logger.exception("checking the workers failed")
+
+    def _watch_exit(self, worker: WorkerProcess) -> None:
+        """Checks the workers the moment this one exits, so what it ran ends at once rather than at the next poll."""
+        try:
+            worker.exit_fd = os.pidfd_open(worker.process.pid)
+        except (AttributeError, OSError):  # no pidfd here (not Linux, or a kernel before 5.3): the poll notices
+            return
+        asyncio.get_running_loop().add_reader(worker.exit_fd, self._exited, worker)
+
+    def _exited(self, worker: WorkerProcess) -> None:
+        self._unwatch_exit(worker)
+        try:
+            self._check_workers(judge_heartbeats=False)
+        except Exception:  # as in the watch: a bad check must not stop the next
+            logger.exception("checking the workers failed")
+
+    @staticmethod
+    def _unwatch_exit(worker: WorkerProcess) -> None:
+        if worker.exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(worker.exit_fd)
+            os.close(worker.exit_fd)
+            worker.exit_fd = None
 
     def _check_workers(self, judge_heartbeats: bool) -> None:
         links = self.client.workers()
