@@ -50,7 +50,10 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
         __m512 w[8];
         for (int i = 0; i < RN; i++) w[i] = _mm512_loadu_ps(mm->w + (n0 + i) * k + j);
         for (int r = 0; r < RM; r++) {
-            const __m512 x = _mm512_loadu_ps(mm->x + (m0 + r) * k + j);
+            __m512 x = _mm512_loadu_ps(mm->x + (m0 + r) * k + j);
+            /* in a register from here on: left to itself, GCC folds the load into each of the RN multiply-adds,
+             * which makes the tile bound by loads rather than by multiply-adds */
+            __asm__("" : "+v"(x));
             for (int i = 0; i < RN; i++) acc[i][r] = _mm512_fmadd_ps(w[i], x, acc[i][r]);
         }
     }
