@@ -12,7 +12,8 @@
  * for RN weight rows. Two versions, by register file:
  * - AVX-512F (32 registers of 16 lanes): one to three activation rows are walked eight weight rows at a time (eight
  *   streams keep the hardware prefetcher ahead); five to eight all at once against three weight rows (one pass over
- *   the weights); more in tiles of 4 x 4.
+ *   the weights); more in tiles of four weight rows by six activation rows. Each activation vector is loaded once
+ *   per tile step and the sums of four outputs are taken together (sum4_avx512).
  * - AVX2 + FMA (16 registers of 8 lanes): at most 12 accumulators, so one to four rows all at once against 8, 6, 4
  *   or 3 weight rows; five to eight all at once against one weight row (one pass over the weights, the activations
  *   read from L1), or against two where the activations do not fit L1; more in tiles of 3 x 4.
@@ -33,6 +34,20 @@ typedef struct {
 #define FLOAT_MATMUL_X86 1
 #include <immintrin.h>
 #define AVX512 "avx512f,fma"
+
+/* The sums of four vectors' lanes, [sum(a), sum(b), sum(c), sum(d)]: eleven shuffles and adds for the four where
+ * four _mm512_reduce_add_ps take some thirty-two. */
+__attribute__((target(AVX512), always_inline)) static inline __m128 sum4_avx512(__m512 a, __m512 b, __m512 c,
+                                                                               __m512 d) {
+    /* halves added pairwise, then quarters: each 128-bit lane of t holds four partial sums of one vector */
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    /* within each lane: element 0 becomes the lane's sum */
+    t = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0xB1));
+    t = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0x4E));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), t));
+}
 
 __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx512(const FloatMatmul *mm, int64_t n0,
                                                                                    int64_t m0, const int RN,
@@ -66,8 +81,20 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
             for (int r = 0; r < RM; r++) acc[i][r] = _mm512_fmadd_ps(w, x[r], acc[i][r]);
         }
     }
-    for (int i = 0; i < RN; i++)
-        for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = _mm512_reduce_add_ps(acc[i][r]);
+    if (RN < 3) {
+        for (int i = 0; i < RN; i++)
+            for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = _mm512_reduce_add_ps(acc[i][r]);
+        return;
+    }
+    /* four weight rows' outputs at a time are adjacent in an output row: summed together, stored together */
+    const __m512 zero = _mm512_setzero_ps();
+    for (int r = 0; r < RM; r++)
+        for (int i = 0; i < RN; i += 4) {
+            const __m128 sums = sum4_avx512(acc[i][r], acc[i + 1][r], i + 2 < RN ? acc[i + 2][r] : zero,
+                                            i + 3 < RN ? acc[i + 3][r] : zero);
+            const __mmask16 mask = (__mmask16)((1u << (RN - i < 4 ? RN - i : 4)) - 1);
+            _mm512_mask_storeu_ps(mm->out + (m0 + r) * mm->n + n0 + i, mask, _mm512_castps128_ps512(sums));
+        }
 }
 
 #define FLOAT_TILES(RN)                                                                                            \
@@ -83,6 +110,20 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
     }
 FLOAT_TILES(8)
 FLOAT_TILES(4)
+
+/* Many activation rows: four weight rows (in L1 from the first tile on) against six activation rows at a time. */
+__attribute__((target(AVX512))) static void float_tiles_avx512_4x6(const FloatMatmul *mm, int64_t n0) {
+    int64_t m0 = 0;
+    for (; m0 + 6 <= mm->m; m0 += 6) float_tile_avx512(mm, n0, m0, 4, 6);
+    switch (mm->m - m0) {
+    case 5: float_tile_avx512(mm, n0, m0, 4, 5); break;
+    case 4: float_tile_avx512(mm, n0, m0, 4, 4); break;
+    case 3: float_tile_avx512(mm, n0, m0, 4, 3); break;
+    case 2: float_tile_avx512(mm, n0, m0, 4, 2); break;
+    case 1: float_tile_avx512(mm, n0, m0, 4, 1); break;
+    default: break;
+    }
+}
 
 /* 5 to 8 activation rows: all of them against RN weight rows at a time, one pass over the weights */
 __attribute__((target(AVX512))) static void float_tiles_avx512_rows(const FloatMatmul *mm, int64_t n0, const int RN) {
@@ -106,6 +147,8 @@ __attribute__((target(AVX512))) static void float_rows_avx512(const FloatMatmul 
     }
     if (mm->m < 4)
         for (; n + 8 <= n_last; n += 8) float_tiles_avx512_8(mm, n);
+    if (mm->m > 8)
+        for (; n + 4 <= n_last; n += 4) float_tiles_avx512_4x6(mm, n);
     for (; n + 4 <= n_last; n += 4) float_tiles_avx512_4(mm, n);
     for (; n + 2 <= n_last; n += 2) float_tiles_avx512_2(mm, n);
     if (n < n_last) float_tiles_avx512_1(mm, n);
