@@ -67,7 +67,21 @@ class StreamResult:
 async def stream_once(
     client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, logprobs: bool
 ) -> StreamResult:
-    """One streaming chat completion; timestamps every event that carries tokens."""
+    """One streaming chat completion; timestamps every event that carries tokens. A request the server closed its
+    connection on before answering is sent again (llama.cpp's server does that now and then to a kept-alive
+    connection at 8 streams; the request never started, so nothing is counted twice)."""
+    for _ in range(3):
+        try:
+            return await _stream_once(client, model, prompt, max_tokens, logprobs)
+        except httpx.RemoteProtocolError as unanswered:
+            if "without sending a response" not in str(unanswered):
+                raise
+    return await _stream_once(client, model, prompt, max_tokens, logprobs)
+
+
+async def _stream_once(
+    client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, logprobs: bool
+) -> StreamResult:
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
