@@ -177,7 +177,8 @@ __attribute__((target(AVX2_FMA), always_inline)) static inline void float_tile_a
         if (RN == 2 && RM > 4) { /* two weight registers, each activation vector used twice */
             const __m256 w0 = _mm256_loadu_ps(mm->w + n0 * k + j), w1 = _mm256_loadu_ps(mm->w + (n0 + 1) * k + j);
             for (int r = 0; r < RM; r++) {
-                const __m256 xr = _mm256_loadu_ps(mm->x + (m0 + r) * k + j);
+                __m256 xr = _mm256_loadu_ps(mm->x + (m0 + r) * k + j);
+                __asm__("" : "+x"(xr)); /* in a register, as in the AVX-512 tile (15 of the 16 are in use) */
                 acc[0][r] = _mm256_fmadd_ps(w0, xr, acc[0][r]);
                 acc[1][r] = _mm256_fmadd_ps(w1, xr, acc[1][r]);
             }
