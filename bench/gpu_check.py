@@ -1,15 +1,13 @@
 """A one-shot check of the engine on a CUDA machine, made for a lent GPU with minutes of budget and no network: does
 the engine's bfloat16 forward agree with transformers', and how fast does it decode at batch 1, 8 and 32, eagerly
-and with each decode step captured as a CUDA graph.
-
-The engine has no graph path of its own: ModelRunner.decode builds a new CacheView every step, with an attended
-length that grows, which a graph cannot replay. `StaticDecode` runs the engine's Transformer over a view of fixed
-shape instead, so the gain graphs would bring is measured before the engine is changed for them.
+and with each decode step captured as a CUDA graph by the engine's own `ModelRunner.compile_decode` (the load option
+`compile`; model/compiled_step.py), whose greedy tokens are first held to the eager decode's.
 
 The model is bench/random_model.py's random Llama (its shape and weights) with a word-level tokenizer written here:
 the stories260K files that script copies its tokenizer from are not on a bare machine, and the check feeds token ids.
 Run it through bench/gpu_check.sh, which finds a Python whose torch sees the GPU. `--device cpu` (float32) runs every
-code path on a CPU, the "graph" step uncaptured, and `--shape tiny` makes that quick.
+code path on a CPU (there compile_decode compiles with inductor instead of capturing), and `--shape tiny` makes that
+quick.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import tokenizers
@@ -35,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from random_model import SHAPE, _random_tensors  # noqa: E402
 
 from inference.engine.loaders.loading import load_model  # noqa: E402
-from inference.engine.model.kv_cache import CacheView  # noqa: E402
 from inference.engine.model.runner import ModelRunner  # noqa: E402
 
 VOCAB_SIZE = 512  # stories260K's, as random_model.py gives its model
@@ -43,7 +41,7 @@ SHAPES = {
     "85m": SHAPE,
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256},
 }
-CONTEXT_WINDOW = 128  # every prompt and continuation here fits; StaticDecode attends over all of it
+CONTEXT_WINDOW = 128  # every prompt and continuation here fits; a captured step attends over all of it
 PARITY_PROMPTS = ([1, 5, 17, 200, 3, 99], [1, *range(10, 50)], [1, 42])
 GREEDY_TOKENS = 32
 BATCHES = (1, 8, 32)
@@ -99,93 +97,10 @@ def print_environment(device: torch.device) -> None:
         print(f"device: cpu ({platform.processor() or platform.machine()}), {os.cpu_count()} cpus")
 
 
-class StaticDecode:
-    """The engine's decode step for a fixed batch of slots, over tensors whose addresses and shapes never change, so
-    that on CUDA it is captured once as a CUDA graph and replayed: one launch per step instead of hundreds.
-
-    Every row attends over the whole context window (blocks a row does not hold yet read as the pool's scratch
-    block) behind a mask computed inside the graph from the row's position. The bookkeeping stays the engine's:
-    KVCache.view allocates the blocks the new tokens need and says where they are written, KVCache.advance records
-    them. On a CPU the step runs uncaptured, which checks this arithmetic against the eager decode.
-    """
-
-    def __init__(self, runner: ModelRunner, batch: int):
-        device = runner.device
-        self.runner = runner
-        self.blocks_per_row = -(-runner.context_window // runner.cache.block_size)
-        self.num_kv_heads = runner.model.config.num_kv_heads
-        key_count = self.blocks_per_row * runner.cache.block_size
-        self.key_positions = torch.arange(key_count, device=device)
-        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
-        self.view = CacheView(
-            positions=torch.zeros(batch, 1, dtype=torch.long, device=device),
-            write_rows=torch.zeros(batch * self.num_kv_heads, dtype=torch.long, device=device),
-            blocks=torch.zeros(self.num_kv_heads * batch * self.blocks_per_row, dtype=torch.long, device=device),
-            num_rows=batch,
-            length=key_count,
-            mask=torch.zeros(batch, 1, 1, key_count, dtype=torch.bool, device=device),
-        )
-        self.held_blocks: list[list[int]] = []
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits = torch.empty(0)
-        self.capture_s = 0.0
-
-    @torch.inference_mode()
-    def step(self, slots: list[int], token_ids: list[int]) -> torch.Tensor:
-        """As ModelRunner.decode: float32 logits [B, V]; on CUDA the graph's output, overwritten by the next step."""
-        cache = self.runner.cache
-        fresh = cache.view(slots, 1)
-        self.view.positions.copy_(fresh.positions)
-        self.view.write_rows.copy_(fresh.write_rows)
-        self.tokens.copy_(torch.tensor(token_ids))
-        held = [cache.blocks(slot) for slot in slots]
-        if held != self.held_blocks:
-            self._set_blocks(held)
-        if self.runner.device.type == "cuda":
-            if self.graph is None:
-                self._capture()
-            self.graph.replay()
-        else:
-            self.logits = self._forward()
-        for slot, token_id in zip(slots, token_ids, strict=True):
-            cache.advance(slot, [token_id])
-        return self.logits
-
-    def _set_blocks(self, held: list[list[int]]) -> None:
-        """Each row's blocks padded to the window with the scratch block, in the (kv head, row, block) order of
-        CacheView.blocks."""
-        scratch = self.runner.cache.scratch
-        padded = [b for blocks in held for b in blocks + [scratch] * (self.blocks_per_row - len(blocks))]
-        rows = [head * (scratch + 1) + b for head in range(self.num_kv_heads) for b in padded]
-        self.view.blocks.copy_(torch.tensor(rows))
-        self.held_blocks = held
-
-    def _forward(self) -> torch.Tensor:
-        # positions: [B, 1] -> mask: [B, 1, 1, L], each row attends to the keys up to its own position
-        self.view.mask.copy_((self.key_positions <= self.view.positions[:, :, None])[:, None])
-        return self.runner.model(self.tokens, self.runner.cache, [self.view]).float()  # [B, V]
-
-    def _capture(self) -> None:
-        """Warm-up runs on a side stream first, as torch.cuda.graph asks, so that lazy initialisation and the KV
-        cache's growing gather buffers happen outside the capture. They write this step's keys and values, which
-        the replay writes again."""
-        start = time.perf_counter()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
-        self.capture_s = time.perf_counter() - start
-
-
 @torch.inference_mode()
 def engine_greedy(runner: ModelRunner, prompts: list[list[int]], decode_step, new_tokens: int) -> torch.Tensor:
     """The float32 logits [B, new_tokens, V] each greedy token of each prompt was picked from, the prompts prefilled
-    and decoded as one batch by `decode_step` (ModelRunner.decode or StaticDecode.step)."""
+    and decoded as one batch by `decode_step` (ModelRunner.decode)."""
     slots = [runner.allocate_slot() for _ in prompts]
     try:
         logits = [runner.prefill_batch(slots, prompts)]
@@ -285,7 +200,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-TABLE_HEADER = f"{'decode':<8} {'batch':>5} {'tok/s':>9} {'ms/step':>8} {'vs eager':>9} {'capture ms':>11}"
+TABLE_HEADER = f"{'decode':<8} {'batch':>5} {'tok/s':>9} {'ms/step':>8} {'vs eager':>9} {'warm-up ms':>11}"
 
 
 def eager_throughput(runner: ModelRunner) -> dict[int, float]:
@@ -299,24 +214,46 @@ def eager_throughput(runner: ModelRunner) -> dict[int, float]:
 
 
 def check_graphs(runner: ModelRunner, eager_per_step: dict[int, float]) -> None:
-    """StaticDecode's greedy tokens against the eager decode's on the parity prompts, then its throughput rows."""
-    captured = runner.device.type == "cuda"
+    """The engine's own decode graphs: their warm-up, their greedy tokens on the parity prompts against the eager
+    decode's, then their throughput rows; the runner decodes eagerly again afterwards."""
     prompts = [list(p) for p in PARITY_PROMPTS]
     eager = engine_greedy(runner, prompts, runner.decode, GREEDY_TOKENS)
-    graphed = engine_greedy(runner, prompts, StaticDecode(runner, len(prompts)).step, GREEDY_TOKENS)
-    print(f"greedy {GREEDY_TOKENS} tokens of the parity prompts as one batch, against the eager decode:")
-    for i in range(len(prompts)):
-        print(f"prompt {i}: {agreement(graphed[i], eager[i])}")
-    print(TABLE_HEADER)
-    for batch in BATCHES:
-        static = StaticDecode(runner, batch)
-        step_s = seconds_per_step(runner, batch, static.step)
-        capture = f"{1000 * static.capture_s:>11.0f}" if captured else ""
-        row = (
-            f"{'graph' if captured else 'static':<8} {batch:>5} {batch / step_s:>9.1f} {1000 * step_s:>8.2f} "
-            f"{eager_per_step[batch] / step_s:>8.2f}x {capture}"
-        )
-        print(row.rstrip())
+    graphs = runner.compile_decode()
+    per_bucket = ", ".join(f"{bucket}: {ms:.0f}" for bucket, ms in graphs.bucket_ms.items())
+    print(f"mode {graphs.mode}, buckets {graphs.buckets}, warm-up {graphs.warmup_ms:.0f} ms (per bucket: {per_bucket})")
+    try:
+        if graphs.mode == "eager":
+            print(f"fell back to eager: {graphs.fallback_reason}")
+            return
+        graphed = engine_greedy(runner, prompts, runner.decode, GREEDY_TOKENS)
+        print(f"greedy {GREEDY_TOKENS} tokens of the parity prompts as one batch, against the eager decode:")
+        for i in range(len(prompts)):
+            print(f"prompt {i}: {agreement(graphed[i], eager[i])}")
+        print(TABLE_HEADER)
+        for batch in BATCHES:
+            step_s = seconds_per_step(runner, batch, runner.decode)
+            label = "graph" if graphs.mode == "cuda_graphs" else graphs.mode
+            capture = f"{graphs.bucket_ms[batch]:>11.0f}" if batch in graphs.bucket_ms else ""
+            row = (
+                f"{label:<8} {batch:>5} {batch / step_s:>9.1f} {1000 * step_s:>8.2f} "
+                f"{eager_per_step[batch] / step_s:>8.2f}x {capture}"
+            )
+            print(row.rstrip())
+        if graphs.mode == "eager":
+            print(f"fell back to eager while stepping: {graphs.fallback_reason}")
+    finally:
+        runner.graphs = None
+
+
+def section(title: str, check, *args):
+    """Prints the title, then runs the check; a failure is printed with its traceback and the run goes on (one
+    failed part must not cost the rest of a lent machine's minutes). The check's result, or None if it failed."""
+    print(f"== {title}")
+    try:
+        return check(*args)
+    except Exception:
+        traceback.print_exc(file=sys.stdout)
+        return None
 
 
 def main() -> int:
@@ -344,20 +281,13 @@ def main() -> int:
             f"model: random Llama {args.shape} ({loaded.weight_bytes / 1e6:.0f} MB of {loaded.dtype} weights), "
             f"written and loaded in {time.perf_counter() - start:.1f} s"
         )
-        print(f"== parity with transformers ({loaded.dtype}, {device})")
-        check_parity(path, loaded.runner, loaded.dtype)
+        section(f"parity with transformers ({loaded.dtype}, {device})", check_parity, path, loaded.runner, loaded.dtype)
     runner = loaded.runner
-    print(f"== decode throughput, eager (greedy, {PROMPT_TOKENS}-token prompts, {DECODE_STEPS} steps timed)")
-    eager_per_step = eager_throughput(runner)
-    print(
-        "== decode with CUDA graphs (the engine has none of its own; StaticDecode in bench/gpu_check.py captures one)"
-    )
-    if device.type == "cpu":
-        print("on cpu the step runs uncaptured: this checks StaticDecode's arithmetic; its speed means nothing")
-    try:
-        check_graphs(runner, eager_per_step)
-    except Exception as exc:  # graphs are best effort here: say why they failed, keep what was measured
-        print(f"CUDA graphs: not available in this engine build ({type(exc).__name__}: {exc})")
+    title = f"decode throughput, eager (greedy, {PROMPT_TOKENS}-token prompts, {DECODE_STEPS} steps timed)"
+    eager_per_step = section(title, eager_throughput, runner)
+    if eager_per_step is not None:
+        title = "decode with the engine's graphs (ModelRunner.compile_decode: CUDA graphs on cuda, inductor on cpu)"
+        section(title, check_graphs, runner, eager_per_step)
     if device.type == "cuda":
         print(f"peak CUDA memory allocated: {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB")
     return 0

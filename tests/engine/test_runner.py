@@ -7,7 +7,7 @@ import torch
 
 from inference.engine.errors import ContextOverflow, KVCacheFull
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.runner import ModelRunner
+from inference.engine.model.runner import ModelRunner, attention_backends
 from inference.engine.model.transformer import Transformer
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
@@ -133,3 +133,16 @@ def test_context_overflow_and_misuse_are_refused(runner):
     runner.free_slot(other)
     with pytest.raises(ValueError):
         runner.decode([other], [5])
+
+
+def test_cuda_forward_passes_attend_without_cudnn_and_leave_the_settings_as_they_were():
+    """cuDNN's attention builds a plan for each new shape and a decode step's attended length is new every step:
+    on an H200 that made an eager step 75 ms instead of ~10 (docs/performance.md, "GPU check"). CI has no GPU, so
+    this holds the switch the runner's CUDA passes run under; the GPU check measures what it buys."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -10,7 +10,10 @@ batch-size bucket (or a CUDA graph on CUDA; compiled_step.py), falling back to t
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from inference.engine.model.compiled_step import DecodeGraphs
 from inference.engine.model.decode_plan import DecodePlan
@@ -18,6 +21,16 @@ from inference.engine.model.kv_cache import KVCache
 from inference.engine.model.transformer import Transformer
 
 DEFAULT_BLOCK_SIZE = 16
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """The scaled-dot-product-attention kernels a runner's forward passes may use on `device`: on CUDA, any but
+    cuDNN's. cuDNN builds a plan the first time it sees a shape, and the attended length of a decode step (or a
+    prompt) is a new shape almost every step, so an eager decode spent nearly all its time building plans
+    (docs/performance.md, "GPU check"). A captured CUDA graph keeps the kernels it was captured with."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def pool_blocks(pool_tokens: int, block_size: int) -> int:
@@ -71,7 +84,8 @@ class ModelRunner:
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
         graphs = DecodeGraphs(self, buckets)
-        graphs.warm_up(threads=threads)
+        with attention_backends(self.device):
+            graphs.warm_up(threads=threads)
         self.graphs = graphs
         return graphs
 
@@ -142,7 +156,8 @@ class ModelRunner:
             select += range(start, start + len(decode_tokens))
             every = len(select) == len(tokens)  # a decode-only step (or all logits asked for): no selection
             chosen = None if every else torch.tensor(select, device=self.device)
-            logits = self.model(tokens, self.cache, views, select=chosen).float()
+            with attention_backends(self.device):
+                logits = self.model(tokens, self.cache, views, select=chosen).float()
             start = 0
             for i, (_, ids) in enumerate(prefills):
                 count = len(ids) if i in all_logits else 1
@@ -189,7 +204,8 @@ class ModelRunner:
                 self.cache.check_room(slot, len(ids))
             views = [self.cache.view([slot], len(ids)) for slot, ids in zip(slots, token_ids, strict=True)]
             tokens = torch.tensor([t for ids in token_ids for t in ids], device=self.device)
-            states = self.model(tokens, self.cache, views, hidden=True).float()  # [T, D]
+            with attention_backends(self.device):
+                states = self.model(tokens, self.cache, views, hidden=True).float()  # [T, D]
             for slot, ids in zip(slots, token_ids, strict=True):
                 self.cache.advance(slot, ids)
         finally:
