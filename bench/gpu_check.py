@@ -245,6 +245,30 @@ def check_graphs(runner: ModelRunner, eager_per_step: dict[int, float]) -> None:
         runner.graphs = None
 
 
+def check_default_load(path: Path, device: torch.device) -> None:
+    """The worker's load with every option left at its default (HostedModel.load, as `manage.py load_model` with no
+    flags): on CUDA its decode step is captured all the same, and this is the report /admin/models shows. Imported
+    here: the worker's side needs msgspec and llguidance, which a bare GPU image may lack, and the rest does not."""
+    from inference.engine.contract import messages as p
+    from inference.engine.contract.params import LoadOptions, ServingLimits
+    from inference.engine.hosted_model import HostedModel
+
+    req = p.Load(
+        request_id="gpu-check",
+        name="gpu-check",
+        path=str(path),
+        options=LoadOptions(),
+        limits=ServingLimits(max_concurrent=max(BATCHES)),
+    )
+    started = time.perf_counter()
+    hosted = HostedModel.load(req, str(device))
+    graphs = hosted.decode_graphs()
+    print(
+        f"loaded in {time.perf_counter() - started:.1f} s; graphs: mode {graphs.mode}, buckets {graphs.buckets}, "
+        f"warm-up {graphs.warmup_ms:.0f} ms, fallback reason {graphs.fallback_reason}"
+    )
+
+
 def section(title: str, check, *args):
     """Prints the title, then runs the check; a failure is printed with its traceback and the run goes on (one
     failed part must not cost the rest of a lent machine's minutes). The check's result, or None if it failed."""
@@ -282,6 +306,7 @@ def main() -> int:
             f"written and loaded in {time.perf_counter() - start:.1f} s"
         )
         section(f"parity with transformers ({loaded.dtype}, {device})", check_parity, path, loaded.runner, loaded.dtype)
+        section("a load with the default options (HostedModel.load)", check_default_load, path, device)
     runner = loaded.runner
     title = f"decode throughput, eager (greedy, {PROMPT_TOKENS}-token prompts, {DECODE_STEPS} steps timed)"
     eager_per_step = section(title, eager_throughput, runner)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import llguidance
+import torch
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
@@ -101,6 +102,13 @@ def prompt_text_length(req: p.Submit) -> int:
     return sum(len(text) for text in texts if isinstance(text, str))
 
 
+def compiles_decode(options: p.LoadOptions, device: str) -> bool:
+    """Whether a load compiles its decode step: when the operator asks (`compile`), and always on CUDA, where the
+    capture costs under a second and an eager step, bound by kernel launches, is several times slower
+    (docs/performance.md, "GPU check"); as for the option, a failed capture falls back to eager and says why."""
+    return options.compile or torch.device(device).type == "cuda"
+
+
 class HostedModel:
     """A loaded model under its served name. `unload` is the UNLOAD it drains for, `deadline` when the drain ends."""
 
@@ -159,9 +167,9 @@ class HostedModel:
         step_threads: Callable[[LoadedModel], StepThreads | None] | None = None,
     ) -> HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
-        reports `progress`, which the read counts, while it runs). With the `compile` option the decode step is
-        compiled for every batch-size bucket before the load answers, for the intra-op threads `step_threads`
-        gives the model (the worker's choice when it steps it).
+        reports `progress`, which the read counts, while it runs). With the `compile` option (always on CUDA) the
+        decode step is compiled or captured for every batch-size bucket before the load answers, for the intra-op
+        threads `step_threads` gives the model (the worker's choice when it steps it).
         The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
         a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
         options, limits = req.options, req.limits
@@ -196,7 +204,7 @@ class HostedModel:
             pool_tokens=min(limits.kv_pool_tokens, max(0, budget) // per_token),
             progress=progress,
         )
-        if options.compile:
+        if compiles_decode(options, device):
             threads = step_threads(model) if step_threads else None
             model.runner.compile_decode(threads=threads.torch if threads else None)
         sessions = None

@@ -14,7 +14,7 @@ import torch
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
-from inference.engine.hosted_model import HostedModel
+from inference.engine.hosted_model import HostedModel, compiles_decode
 from inference.engine.loaders.loading import LoadedModel, load_model
 from inference.engine.model.compiled_step import DecodeGraphs, decode_buckets
 from inference.engine.step_threads import StepThreads
@@ -164,6 +164,15 @@ def test_a_load_reports_its_decode_graphs_and_their_fallback(stories_gguf_path, 
     assert p.decode_from_worker(p.encode(loaded)) == loaded
     assert p.decode_from_worker(p.encode(p.Status(request_id="s", device="cpu", pid=1, memory_total=0,
                                                   memory_used=0, models=[status]))).models == [status]  # fmt: skip
+
+
+def test_a_cuda_load_always_captures_its_decode_step_and_a_cpu_load_when_asked():
+    """On CUDA an eager step is bound by kernel launches, several times slower than its captured graph
+    (docs/performance.md, "GPU check"), so a CUDA load captures without being asked; CI has no GPU, and the GPU
+    check's default-options load shows the capture happen."""
+    assert compiles_decode(LoadOptions(), "cuda") and compiles_decode(LoadOptions(), "cuda:1")
+    assert not compiles_decode(LoadOptions(), "cpu")
+    assert compiles_decode(LoadOptions(compile=True), "cpu")
 
 
 def test_a_compiled_model_is_freed_once_dropped(stories_gguf_path):

@@ -96,8 +96,9 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     compile: Annotated[
         bool,
         Meta(
-            description="compile the decode step at load, a graph per batch-size bucket (CUDA: CUDA graphs); "
-            "faster steps for small models, tens of seconds more load on a CPU (docs/performance.md)"
+            description="compile the decode step at load, a graph per batch-size bucket: faster steps for small "
+            "models, tens of seconds more load on a CPU (docs/performance.md); on CUDA the step is always captured "
+            "as CUDA graphs, whatever this says"
         ),
     ] = False
 
