@@ -203,7 +203,9 @@ class StepInputs:
         """The graph's inputs but the pools (at least two blocks per row: one would be specialised on)."""
         rows, pad = len(token_ids), bucket - len(token_ids)
         blocks_needed = -(-view.length // self.cache.block_size)
-        if isinstance(view.blocks, slice):
+        if view.table is not None:  # a paged decode view: [B, nb] blocks, the same in every kv head
+            table = self.head_blocks + view.table[None]  # [Hkv, B, nb]
+        elif isinstance(view.blocks, slice):
             table = self.head_blocks + self.block_index[view.blocks][None, None, :]  # [Hkv, 1, nb]
         else:
             table = view.blocks.view(self.kv_heads, rows, blocks_needed)

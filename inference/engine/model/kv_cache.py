@@ -27,6 +27,7 @@ import torch
 
 from inference.engine.errors import ContextOverflow
 from inference.engine.model.block_pool import BlockPool, chain_keys
+from inference.engine.model.long_tensor import long_tensor
 from inference.engine.model.paged_attention import kernel_serves
 
 
@@ -36,8 +37,9 @@ class CacheView:
 
     positions: torch.Tensor  # [B, S] long: absolute position of each new token (also its RoPE index)
     write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's pool
-    blocks: slice | torch.Tensor  # a slice of the blocks for one row read as a view, else [Hkv * B * nb] rows of
-    # a layer's pool seen as [Hkv * (num_blocks + 1), block_size * hd], in (kv head, row, block) order (scratch-padded)
+    blocks: slice | torch.Tensor | None  # a slice of the blocks for one row read as a view, else [Hkv * B * nb] rows
+    # of a layer's pool seen as [Hkv * (num_blocks + 1), block_size * hd], in (kv head, row, block) order
+    # (scratch-padded); None for a decode step the paged kernel serves, which reads `table`
     num_rows: int
     length: int  # keys attended over: positions [0, length) of each row
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
@@ -249,32 +251,55 @@ class KVCache:
                 base = table.blocks[p // bs] * bs + p % bs
                 write_rows += [h * per_head + base for h in heads]
         nb = -(-longest // bs)
+        if width == 1 and self.paged_decode:
+            return self._paged_decode_view(tables, starts, write_rows, nb)
         first = tables[0].blocks[0]
-        table = lengths = mask = None
+        mask = None
         if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
             blocks: slice | torch.Tensor = slice(first, first + nb)
         else:
-            padded = [t.blocks[:nb] + [self.scratch] * (nb - len(t.blocks)) for t in tables]
-            table = torch.tensor(padded, device=self.device)  # [B, nb]
+            table = long_tensor(self._padded_blocks(tables, nb), self.device)  # [B * nb]
             blocks = (self._head_offsets + table.view(1, -1)).view(-1)  # [Hkv * B * nb]
-        position_index = torch.tensor(positions, device=self.device)  # [B, S]
-        if width == 1 and self.paged_decode:
-            table = table if table is not None else torch.arange(first, first + nb, device=self.device)[None]
-            lengths = position_index[:, 0] + 1
-        else:
-            table = None
-            if width > 1 or min(starts) != max(starts):
-                mask = (self._positions[:longest] <= position_index[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
+        flat_positions = [p for row in positions for p in row]
+        position_index = long_tensor(flat_positions, self.device).view(len(slots), width)  # [B, S]
+        if width > 1 or min(starts) != max(starts):
+            mask = (self._positions[:longest] <= position_index[:, :, None]).unsqueeze(1)  # [B, 1, S, L]
         return CacheView(
             positions=position_index,
-            write_rows=torch.tensor(write_rows, device=self.device),
+            write_rows=long_tensor(write_rows, self.device),
             blocks=blocks,
             num_rows=len(slots),
             length=longest,
             mask=mask,
-            table=table,
-            lengths=lengths,
         )
+
+    def _paged_decode_view(
+        self, tables: list[BlockTable], starts: list[int], write_rows: list[int], nb: int
+    ) -> CacheView:
+        """A decode step's view for the paged kernel: every index it reads cut from one tensor made from one list
+        (each tensor made from a list has a fixed cost larger than the few dozen ints it holds)."""
+        rows, writes = len(tables), len(write_rows)
+        index = long_tensor(
+            starts + [start + 1 for start in starts] + write_rows + self._padded_blocks(tables, nb), self.device
+        )  # positions [B], lengths [B], write rows [B * Hkv], block table [B * nb]
+        return CacheView(
+            positions=index[:rows].view(rows, 1),
+            write_rows=index[2 * rows : 2 * rows + writes],
+            blocks=None,
+            num_rows=rows,
+            length=max(starts) + 1,
+            mask=None,
+            table=index[2 * rows + writes :].view(rows, nb),
+            lengths=index[rows : 2 * rows],
+        )
+
+    def _padded_blocks(self, tables: list[BlockTable], nb: int) -> list[int]:
+        """The first `nb` blocks of each table, padded with the scratch block, one row after another."""
+        padded = []
+        for table in tables:
+            padded += table.blocks[:nb]
+            padded += [self.scratch] * (nb - len(table.blocks))
+        return padded
 
     def store(self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor) -> None:
         """Stores a step's new keys and values."""

@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from inference.engine.model.compiled_step import DecodeGraphs
 from inference.engine.model.decode_plan import DecodePlan
 from inference.engine.model.kv_cache import KVCache
+from inference.engine.model.long_tensor import long_tensor
 from inference.engine.model.transformer import Transformer
 
 DEFAULT_BLOCK_SIZE = 16
@@ -145,17 +146,17 @@ class ModelRunner:
                 decoded = self.graphs.forward(decode_tokens, views[0])  # [D, 1, V], None: eager
                 decoded = None if decoded is None else decoded[:, 0].float()
             elif not prefills and self.plan is not None and self.plan.serves(self.cache, views[0]):
-                decoded = self.plan.forward(torch.tensor(decode_tokens), self.cache, views[0])
+                decoded = self.plan.forward(long_tensor(decode_tokens, self.device), self.cache, views[0])
         chunks = []
         if decoded is None:
-            tokens = torch.tensor([t for _, ids in prefills for t in ids] + decode_tokens, device=self.device)
+            tokens = long_tensor([t for _, ids in prefills for t in ids] + decode_tokens, self.device)
             select, start = [], 0  # the positions whose logits are returned
             for i, (_, ids) in enumerate(prefills):
                 select += range(start, start + len(ids)) if i in all_logits else [start + len(ids) - 1]
                 start += len(ids)
             select += range(start, start + len(decode_tokens))
             every = len(select) == len(tokens)  # a decode-only step (or all logits asked for): no selection
-            chosen = None if every else torch.tensor(select, device=self.device)
+            chosen = None if every else long_tensor(select, self.device)
             with attention_backends(self.device):
                 logits = self.model(tokens, self.cache, views, select=chosen).float()
             start = 0
@@ -203,7 +204,7 @@ class ModelRunner:
             for slot, ids in zip(slots, token_ids, strict=True):
                 self.cache.check_room(slot, len(ids))
             views = [self.cache.view([slot], len(ids)) for slot, ids in zip(slots, token_ids, strict=True)]
-            tokens = torch.tensor([t for ids in token_ids for t in ids], device=self.device)
+            tokens = long_tensor([t for ids in token_ids for t in ids], self.device)
             with attention_backends(self.device):
                 states = self.model(tokens, self.cache, views, hidden=True).float()  # [T, D]
             for slot, ids in zip(slots, token_ids, strict=True):
