@@ -230,8 +230,8 @@ class KVCache:
         """The view for appending `width` tokens to each of `slots` (a prompt's chunk: one slot; a decode batch:
         width 1). Allocates the blocks the new tokens need.
 
-        The indices are built as Python ints and copied to the device once each: a decode step of a small model
-        costs less than the handful of tensor ops that would compute them."""
+        The indices are built as Python ints and copied to the device once each (a paged decode step's all in one
+        tensor): a decode step of a small model costs less than the handful of tensor ops that would compute them."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")
         for slot in slots:
