@@ -17,8 +17,10 @@
  * - AVX2 + FMA (16 registers of 8 lanes): at most 12 accumulators, so one to four rows all at once against 8, 6, 4
  *   or 3 weight rows; five to eight all at once against one weight row (one pass over the weights, the activations
  *   read from L1), or against two where the activations do not fit L1; more in tiles of 3 x 4.
- * From four rows on, the weight rows 16 further on are prefetched on the first pass over a tile's rows. Without
- * either instruction set FloatLinear is not used (matmul_kernel.py).
+ * On the first pass over a tile's rows, the next tile's weight rows are prefetched into L2, a cache line of each per
+ * step along K: the hardware prefetcher starts each row's stream late, and prefetching into L1 (as this did first,
+ * further ahead) pushed out the activations the tile reads from there; see docs/performance.md for what it changed.
+ * Without either instruction set FloatLinear is not used (matmul_kernel.py).
  */
 #pragma once
 #include <stdint.h>
@@ -57,11 +59,11 @@ __attribute__((target(AVX512), always_inline)) static inline void float_tile_avx
         for (int r = 0; r < RM; r++) acc[i][r] = _mm512_setzero_ps();
     const int64_t k = mm->k;
     int64_t j = 0;
-    /* rows 16 further on, on the first pass over these; a few activation rows need no help (8 rows per tile) */
-    const int prefetch = mm->m >= 4 && m0 == 0 && n0 + 16 + RN <= mm->n;
+    /* the next tile's rows, on the first pass over these */
+    const int prefetch = m0 == 0 && n0 + 2 * RN <= mm->n;
     for (; j + 16 <= k; j += 16) {
         if (prefetch)
-            for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + 16 + i) * k + j), _MM_HINT_T0);
+            for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + RN + i) * k + j), _MM_HINT_T1);
         __m512 w[8];
         for (int i = 0; i < RN; i++) w[i] = _mm512_loadu_ps(mm->w + (n0 + i) * k + j);
         for (int r = 0; r < RM; r++) {
@@ -170,10 +172,10 @@ __attribute__((target(AVX2_FMA), always_inline)) static inline void float_tile_a
         for (int r = 0; r < RM; r++) acc[i][r] = _mm256_setzero_ps();
     const int64_t k = mm->k;
     int64_t j = 0;
-    const int prefetch = mm->m >= 4 && m0 == 0 && n0 + 16 + RN <= mm->n;
+    const int prefetch = m0 == 0 && n0 + 2 * RN <= mm->n;
     for (; j + 8 <= k; j += 8) {
         if (prefetch && j % 16 == 0)
-            for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + 16 + i) * k + j), _MM_HINT_T0);
+            for (int i = 0; i < RN; i++) _mm_prefetch((const char *)(mm->w + (n0 + RN + i) * k + j), _MM_HINT_T1);
         if (RN == 2 && RM > 4) { /* two weight registers, each activation vector used twice */
             const __m256 w0 = _mm256_loadu_ps(mm->w + n0 * k + j), w1 = _mm256_loadu_ps(mm->w + (n0 + 1) * k + j);
             for (int r = 0; r < RM; r++) {
