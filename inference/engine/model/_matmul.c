@@ -176,17 +176,18 @@ __attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_signe
     return dot_add_vnni(sums, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
 
-/* Asks for the weight rows PREFETCH_ROWS further on: a thread walks its rows in order, but the hardware prefetcher,
- * seeing a few rows read side by side in short runs, fetches too little ahead of them. */
+/* Asks for the weight rows PREFETCH_ROWS further on, into L2: a thread walks its rows in order, but the hardware
+ * prefetcher, seeing a few rows read side by side in short runs, fetches too little ahead of them. Into L2 rather than
+ * L1, where they pushed out the activations (docs/performance.md). */
 #define PREFETCH_ROWS 8
 static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
     const int64_t row_bytes = mm->row_bytes, blocks = mm->k / BLOCK;
     const int64_t first = n0 + PREFETCH_ROWS, last = first + RN < mm->n ? first + RN : mm->n;
     if (first >= last) return;
     const char *codes = (const char *)mm->codes + first * row_bytes;
-    for (int64_t o = 0; o < (last - first) * row_bytes; o += 64) __builtin_prefetch(codes + o);
+    for (int64_t o = 0; o < (last - first) * row_bytes; o += 64) __builtin_prefetch(codes + o, 0, 2);
     const char *scales = (const char *)(mm->wd + first * blocks);
-    for (int64_t o = 0; o < (last - first) * blocks * 2; o += 64) __builtin_prefetch(scales + o);
+    for (int64_t o = 0; o < (last - first) * blocks * 2; o += 64) __builtin_prefetch(scales + o, 0, 2);
 }
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
