@@ -200,32 +200,53 @@ static void rotate_and_store(const Work *w, int64_t pair, float *q, float *key) 
     store_row(w->values, w->kv_dtype, at, row + (heads + w->kv_heads + h) * dim, dim);
 }
 
+/* How far ahead (in eight-position pieces) the vector path asks for keys and values, and the cache level it asks
+ * them into: a block's worth ahead, into L2 (docs/performance.md: asking for the whole next block into L1 at each
+ * block's start left the kernel waiting on memory). */
+#define PIECES_AHEAD 4
+#define PIECE_LOCALITY 2
+
+/* Asks for the keys and values of the eight-position piece `q` pieces on from the first of `pair`'s, counting on into
+ * the pairs after it, up to `last`. */
+static inline void prefetch_piece(const Work *w, int64_t pair, int64_t q, int64_t last, int64_t element) {
+    const int64_t bs = w->block_size, per_block = (bs + 7) / 8;
+    for (; pair < last; pair++) {
+        const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
+        const int64_t pieces = (length - 1) / bs * per_block + ((length - 1) % bs) / 8 + 1;
+        if (q >= pieces) {
+            q -= pieces;
+            continue;
+        }
+        const int64_t j = q / per_block, t = q % per_block * 8, n = bs - t < 8 ? bs - t : 8;
+        const int64_t at = ((h * w->pool_blocks + w->table[b * w->table_width + j]) * bs + t) * w->dim * element;
+        for (int64_t o = 0; o < n * w->dim * element; o += 64) {
+            __builtin_prefetch((const char *)w->keys + at + o, 0, PIECE_LOCALITY);
+            __builtin_prefetch((const char *)w->values + at + o, 0, PIECE_LOCALITY);
+        }
+        return;
+    }
+}
+
 #ifdef ATTEND_AVX2
 /* Whether this CPU runs _attend_avx2.h (set at import). */
 static int vector_attend = 0;
 
-/* One pair through _attend_avx2.h: each block's keys and values in eight-position pieces, the next block's asked for
- * while this one is read (the next pair's first, after the last). */
+/* One pair through _attend_avx2.h: each block's keys and values in eight-position pieces, the piece PIECES_AHEAD on
+ * asked for while this one is read (into the next pairs' pieces, near the end). */
 ATTEND_INLINE void attend_pair_vector(const Work *w, int64_t pair, int64_t last, float *q, Online *state,
                                       const int kv_dtype) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size, b = pair / w->kv_heads;
     const int64_t h = pair % w->kv_heads, length = w->lengths[b], element = kv_dtype == KV_FLOAT32 ? 4 : 2;
-    const int64_t block_bytes = bs * dim * element, head_base = h * w->pool_blocks * bs;
+    const int64_t head_base = h * w->pool_blocks * bs;
     const int64_t *blocks = w->table + b * w->table_width;
     float *out = w->out + pair * group * dim;
     for (int64_t i = 0; i < group * dim; i++) q[i] *= w->scale;
     memset(out, 0, sizeof(float) * (size_t)(group * dim));
     for (int64_t g = 0; g < group; g++) state[g] = (Online){-INFINITY, 0.0f};
     for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
-        if (start + bs < length) {
-            prefetch_block(w->keys, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
-            prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
-        } else if (pair + 1 < last) {
-            prefetch_block(w->keys, first_key_block(w, pair + 1), block_bytes, element);
-            prefetch_block(w->values, first_key_block(w, pair + 1), block_bytes, element);
-        }
         const int64_t held = length - start < bs ? length - start : bs, base = (head_base + blocks[j] * bs) * dim;
         for (int64_t t = 0; t < held; t += 8) {
+            prefetch_piece(w, pair, j * ((bs + 7) / 8) + t / 8 + PIECES_AHEAD, last, element);
             const int64_t at = base + t * dim;
             if (held - t >= 8) attend8(w->keys, w->values, kv_dtype, at, 8, q, group, dim, state, out);
             else attend8(w->keys, w->values, kv_dtype, at, (int)(held - t), q, group, dim, state, out);
