@@ -53,16 +53,18 @@ def test_decode_through_the_kernel_equals_the_gather_path(transformer):
         torch.testing.assert_close(ours, reference, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
 
-@pytest.mark.parametrize("dim", [64, 12])  # 12: not a multiple of 8, so the portable path even where AVX2 runs
+# dims: 64 and 40 (32 lanes at a time, then 8), 8 (stories260K's heads), 12 (not a multiple of 8: the portable path
+# even where AVX2 runs); a block of 12 positions ends in a piece of 4 in the middle of a row.
+@pytest.mark.parametrize(("dim", "block_size"), [(64, 16), (40, 16), (8, 16), (12, 16), (64, 12), (8, 12)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_the_kernel_rotates_stores_and_attends_over_16_and_32_bit_pools_as_torch_does(dtype, dim):
+def test_the_kernel_rotates_stores_and_attends_over_16_and_32_bit_pools_as_torch_does(dtype, dim, block_size):
     gen = torch.Generator().manual_seed(0)
-    kv_heads, group, block_size, pool_blocks = 2, 3, 16, 20
+    kv_heads, group, pool_blocks = 2, 3, 20
     heads = kv_heads * group
     keys = torch.randn(kv_heads, pool_blocks, block_size, dim, generator=gen).to(dtype)
     values = torch.randn(kv_heads, pool_blocks, block_size, dim, generator=gen).to(dtype)
     table = torch.tensor([[7, 2, 19], [4, 11, 0], [5, 9, 13]])  # [B, nb]: each row's blocks, in position order
-    lengths = torch.tensor([48, 1, 21])  # a full table, one position, part of the second block
+    lengths = torch.tensor([3 * block_size, 1, block_size + 5])  # a full table, one position, part of the second
     qkv = torch.randn(3, heads + 2 * kv_heads, dim, generator=gen)
     angles = torch.randn(3, dim // 2, generator=gen)  # each row's own rotation
     cos, sin = torch.cat((angles, angles), -1).cos(), angles.sin()

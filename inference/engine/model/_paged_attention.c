@@ -200,68 +200,96 @@ static void rotate_and_store(const Work *w, int64_t pair, float *q, float *key) 
     store_row(w->values, w->kv_dtype, at, row + (heads + w->kv_heads + h) * dim, dim);
 }
 
-/* How far ahead (in eight-position pieces) the vector path asks for keys and values, and the cache level it asks
- * them into: a block's worth ahead, into L2 (docs/performance.md: asking for the whole next block into L1 at each
- * block's start left the kernel waiting on memory). */
-#define PIECES_AHEAD 4
+/* How far ahead (in eight-position pieces of the stream it reads) the vector path asks for keys and values, and the
+ * cache level it asks them into: L2 (docs/performance.md: asking for the whole next block into L1 at each block's
+ * start left the kernel waiting on memory). */
+#define PIECES_AHEAD 8
 #define PIECE_LOCALITY 2
 
-/* Asks for the keys and values of the eight-position piece `q` pieces on from the first of `pair`'s, counting on into
- * the pairs after it, up to `last`. */
-static inline void prefetch_piece(const Work *w, int64_t pair, int64_t q, int64_t last, int64_t element) {
-    const int64_t bs = w->block_size, per_block = (bs + 7) / 8;
-    for (; pair < last; pair++) {
-        const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
-        const int64_t pieces = (length - 1) / bs * per_block + ((length - 1) % bs) / 8 + 1;
-        if (q >= pieces) {
-            q -= pieces;
-            continue;
-        }
-        const int64_t j = q / per_block, t = q % per_block * 8, n = bs - t < 8 ? bs - t : 8;
-        const int64_t at = ((h * w->pool_blocks + w->table[b * w->table_width + j]) * bs + t) * w->dim * element;
-        for (int64_t o = 0; o < n * w->dim * element; o += 64) {
-            __builtin_prefetch((const char *)w->keys + at + o, 0, PIECE_LOCALITY);
-            __builtin_prefetch((const char *)w->values + at + o, 0, PIECE_LOCALITY);
-        }
+/* Where the vector path's prefetching has got to in the stream it reads from a chunk's first pair on: a pair's keys
+ * piece by piece (positions [j * block_size + t, + 8) of kv head h of row b), then its values, then the next
+ * pair's keys, and so on. Moved on one piece per piece read, it stays PIECES_AHEAD ahead without a division. */
+typedef struct {
+    int64_t pair, b, h, j, t, length;
+    int values;
+} Ahead;
+
+static inline void ahead_start(const Work *w, Ahead *a, int64_t pair) {
+    *a = (Ahead){pair, pair / w->kv_heads, pair % w->kv_heads, 0, 0, w->lengths[pair / w->kv_heads], 0};
+}
+
+/* Asks for the piece under `a` (nothing from pair `last` on) and moves it on by one piece. */
+static inline void ahead_fetch(const Work *w, Ahead *a, int64_t last, int64_t element) {
+    if (a->pair >= last) return;
+    const int64_t bs = w->block_size, n = bs - a->t < 8 ? bs - a->t : 8;
+    const char *pool = a->values ? (const char *)w->values : (const char *)w->keys;
+    const int64_t block = w->table[a->b * w->table_width + a->j];
+    const int64_t at = ((a->h * w->pool_blocks + block) * bs + a->t) * w->dim * element;
+    for (int64_t o = 0; o < n * w->dim * element; o += 64) __builtin_prefetch(pool + at + o, 0, PIECE_LOCALITY);
+    a->t += 8;
+    if (a->t < bs && a->j * bs + a->t < a->length) return;
+    a->t = 0;
+    if (++a->j * bs < a->length) return;
+    a->j = 0;
+    if (!a->values) {
+        a->values = 1;
         return;
     }
+    a->values = 0;
+    if (++a->pair >= last) return;
+    if (++a->h == w->kv_heads) a->h = 0, a->b++;
+    a->length = w->lengths[a->b];
 }
+
+/* Floats of a row of scores per query head: its positions, and room for the vector path's last piece of eight past
+ * them. */
+static inline int64_t score_stride(int64_t length) { return (length + 15) / 8 * 8; }
 
 #ifdef ATTEND_AVX2
 /* Whether this CPU runs _attend_avx2.h (set at import). */
 static int vector_attend = 0;
 
-/* One pair through _attend_avx2.h: each block's keys and values in eight-position pieces, the piece PIECES_AHEAD on
- * asked for while this one is read (into the next pairs' pieces, near the end). */
-ATTEND_INLINE void attend_pair_vector(const Work *w, int64_t pair, int64_t last, float *q, Online *state,
-                                      const int kv_dtype) {
+/* One pair through _attend_avx2.h: its keys in eight-position pieces into `scores` [G, score_stride], the softmax,
+ * then its values in the same pieces, asking for a piece `ahead` of them (up to pair `last`) as each is read.
+ * `totals` has room for G floats. */
+ATTEND_INLINE void attend_pair_vector(const Work *w, int64_t pair, int64_t last, Ahead *ahead, float *q,
+                                      float *scores, float *totals, const int kv_dtype) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size, b = pair / w->kv_heads;
     const int64_t h = pair % w->kv_heads, length = w->lengths[b], element = kv_dtype == KV_FLOAT32 ? 4 : 2;
-    const int64_t head_base = h * w->pool_blocks * bs;
+    const int64_t head_base = h * w->pool_blocks * bs, stride = score_stride(length);
     const int64_t *blocks = w->table + b * w->table_width;
     float *out = w->out + pair * group * dim;
     for (int64_t i = 0; i < group * dim; i++) q[i] *= w->scale;
-    memset(out, 0, sizeof(float) * (size_t)(group * dim));
-    for (int64_t g = 0; g < group; g++) state[g] = (Online){-INFINITY, 0.0f};
     for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
         const int64_t held = length - start < bs ? length - start : bs, base = (head_base + blocks[j] * bs) * dim;
         for (int64_t t = 0; t < held; t += 8) {
-            prefetch_piece(w, pair, j * ((bs + 7) / 8) + t / 8 + PIECES_AHEAD, last, element);
-            const int64_t at = base + t * dim;
-            if (held - t >= 8) attend8(w->keys, w->values, kv_dtype, at, 8, q, group, dim, state, out);
-            else attend8(w->keys, w->values, kv_dtype, at, (int)(held - t), q, group, dim, state, out);
+            ahead_fetch(w, ahead, last, element);
+            float *at_scores = scores + start + t;
+            if (held - t >= 8) scores8(w->keys, kv_dtype, base + t * dim, 8, q, group, dim, at_scores, stride);
+            else scores8(w->keys, kv_dtype, base + t * dim, (int)(held - t), q, group, dim, at_scores, stride);
+        }
+    }
+    for (int64_t g = 0; g < group; g++) totals[g] = exp_weights(scores + g * stride, length);
+    memset(out, 0, sizeof(float) * (size_t)(group * dim));
+    for (int64_t start = 0, j = 0; start < length; start += bs, j++) {
+        const int64_t held = length - start < bs ? length - start : bs, base = (head_base + blocks[j] * bs) * dim;
+        for (int64_t t = 0; t < held; t += 8) {
+            ahead_fetch(w, ahead, last, element);
+            const float *weights = scores + start + t;
+            if (held - t >= 8) accumulate8(w->values, kv_dtype, base + t * dim, 8, weights, group, dim, out, stride);
+            else accumulate8(w->values, kv_dtype, base + t * dim, (int)(held - t), weights, group, dim, out, stride);
         }
     }
     for (int64_t g = 0; g < group; g++) {
-        const float inv = 1.0f / state[g].total;
+        const float inv = 1.0f / totals[g];
         for (int64_t i = 0; i < dim; i++) out[g * dim + i] *= inv;
     }
 }
 
 #define ATTEND_PAIR(NAME, KV_DTYPE)                                                                                 \
     __attribute__((target(ATTEND_AVX2_TARGET))) static void NAME(const Work *w, int64_t pair, int64_t last, float *q, \
-                                                                 Online *state) {                                     \
-        attend_pair_vector(w, pair, last, q, state, KV_DTYPE);                                                        \
+                                                                 Ahead *ahead, float *scores, float *totals) {        \
+        attend_pair_vector(w, pair, last, ahead, q, scores, totals, KV_DTYPE);                                        \
     }
 ATTEND_PAIR(attend_pair_float32, KV_FLOAT32)
 ATTEND_PAIR(attend_pair_float16, KV_FLOAT16)
@@ -273,15 +301,21 @@ ATTEND_PAIR(attend_pair_bfloat16, KV_BFLOAT16)
 static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows, float *q) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
     const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
+#ifdef ATTEND_AVX2
+    Ahead ahead;
+    if (first < last) {
+        ahead_start(w, &ahead, first);
+        for (int i = 0; i < PIECES_AHEAD; i++) ahead_fetch(w, &ahead, last, element);
+    }
+#endif
     for (int64_t pair = first; pair < last; pair++) {
         const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
         rotate_and_store(w, pair, q, q + group * dim);
 #ifdef ATTEND_AVX2
-        if (vector_attend && dim % 8 == 0) { /* the room for a widened block holds the heads' running states */
-            Online *state = (Online *)rows;
-            if (w->kv_dtype == KV_FLOAT32) attend_pair_float32(w, pair, last, q, state);
-            else if (w->kv_dtype == KV_FLOAT16) attend_pair_float16(w, pair, last, q, state);
-            else attend_pair_bfloat16(w, pair, last, q, state);
+        if (vector_attend && dim % 8 == 0) { /* the room for a widened block holds the heads' sums */
+            if (w->kv_dtype == KV_FLOAT32) attend_pair_float32(w, pair, last, q, &ahead, scores, rows);
+            else if (w->kv_dtype == KV_FLOAT16) attend_pair_float16(w, pair, last, q, &ahead, scores, rows);
+            else attend_pair_bfloat16(w, pair, last, q, &ahead, scores, rows);
             continue;
         }
 #endif
@@ -316,10 +350,9 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
     }
 }
 
-/* Floats of scratch for one block widened to float32, which the AVX2 path uses for its query heads' running states
- * instead (two floats each). */
+/* Floats of scratch for one block widened to float32, which the AVX2 path uses for its query heads' sums instead. */
 static int64_t block_room(const Work *w) {
-    return w->block_size * w->dim > 2 * w->group ? w->block_size * w->dim : 2 * w->group;
+    return w->block_size * w->dim > w->group ? w->block_size * w->dim : w->group;
 }
 
 /* The matmul extension's elastic pool (_pool_run.h), when it is there; else OpenMP's threads. */
@@ -337,7 +370,7 @@ static void attend_chunk(void *ctx, int64_t c) {
     const int64_t last = first + a->pairs_per_chunk < pairs ? first + a->pairs_per_chunk : pairs;
     int64_t longest = 0;
     for (int64_t b = 0; b < a->w->rows; b++) longest = a->w->lengths[b] > longest ? a->w->lengths[b] : longest;
-    float *mine = a->scores + c * a->scratch, *rows = mine + a->w->group * longest;
+    float *mine = a->scores + c * a->scratch, *rows = mine + a->w->group * score_stride(longest);
     attend(a->w, first, last, mine, rows, rows + block_room(a->w));
 }
 
@@ -360,7 +393,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     int64_t longest = 0;
     for (int64_t b = 0; b < w.rows; b++) longest = w.lengths[b] > longest ? w.lengths[b] : longest;
     const int64_t pairs = w.rows * w.kv_heads;
-    const int64_t scratch = w.group * longest + block_room(&w) + (w.group + 1) * w.dim;
+    const int64_t scratch = w.group * score_stride(longest) + block_room(&w) + (w.group + 1) * w.dim;
     if (pool_run != NULL) { /* the matmul kernels' elastic pool: chunks of pairs, a scratch area each */
         AttendChunks chunks = {&w, pairs / 16 > 1 ? pairs / 16 : 1, scratch, NULL};
         const int64_t count = (pairs + chunks.pairs_per_chunk - 1) / chunks.pairs_per_chunk;
@@ -380,7 +413,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     {
         /* contiguous shares, so each thread's prefetch of its next pair stays its own */
         const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-        float *mine = scores + t * scratch, *rows = mine + w.group * longest;
+        float *mine = scores + t * scratch, *rows = mine + w.group * score_stride(longest);
         attend(&w, pairs * t / n, pairs * (t + 1) / n, mine, rows, rows + block_room(&w));
     }
     Py_END_ALLOW_THREADS;
