@@ -1,7 +1,7 @@
 """The paged KV cache on the real stories260K model: a prompt that starts with cached blocks reuses them and gets
-the logits a full prefill gives; shared blocks are held once; a truncated shared block is copied before it is
-written; cached blocks are reclaimed least recently released first; KV copied out and back in continues exactly;
-and memory in use follows the tokens held, not the windows."""
+the logits a full prefill gives, and so does one that leaves a cached block midway; shared blocks are held once; a
+truncated shared block is copied before it is written; cached blocks are reclaimed least recently released first; KV
+copied out and back in continues exactly; and memory in use follows the tokens held, not the windows."""
 
 from __future__ import annotations
 
@@ -45,9 +45,28 @@ def test_a_prompt_that_starts_with_cached_blocks_reuses_them_and_gets_the_same_l
     assert runner.slot_length(slot) == 32
     logits = runner.prefill(slot, prompt[32:], all_logits=True)
     assert torch.allclose(logits, reference_logits(transformer, prompt)[32:], atol=1e-4, rtol=0)
-    # a prompt that is only cached blocks still leaves its last block to compute (a step needs one token)
+    # a prompt that is only cached blocks still leaves its last token to compute (a step needs one)
     again = runner.allocate_slot()
-    assert runner.reuse_prefix(again, LONG[:32]) == 16
+    assert runner.reuse_prefix(again, LONG[:32]) == 31
+
+
+def test_a_prompt_that_leaves_a_cached_block_midway_reuses_the_positions_it_shares(runner, transformer):
+    first = runner.allocate_slot()
+    runner.prefill(first, LONG)
+    runner.free_slot(first)  # its two full blocks stay cached
+    prompt = LONG[:26] + [300, 301, 302]  # the second block's first 10 positions, then its own
+    slot = runner.allocate_slot()
+    assert runner.reuse_prefix(slot, prompt) == 26
+    logits = runner.prefill(slot, prompt[26:], all_logits=True)
+    assert torch.allclose(logits, reference_logits(transformer, prompt)[26:], atol=1e-4, rtol=0)
+    # the shared positions were copied into a block of the slot's own: the cached block still holds its prefix
+    cached = runner.allocate_slot()
+    assert runner.reuse_prefix(cached, LONG[:33]) == 32
+    assert runner.cache.blocks(cached)[1] != runner.cache.blocks(slot)[1]
+    continued = runner.prefill(cached, LONG[32:33])
+    assert torch.allclose(continued, reference_logits(transformer, LONG[:33])[-1], atol=1e-4, rtol=0)
+    # a first token that no cached block starts with reuses nothing
+    assert runner.reuse_prefix(runner.allocate_slot(), [300] + LONG[1:20]) == 0
 
 
 def test_two_sequences_sharing_a_prefix_hold_its_blocks_once(runner):

@@ -51,10 +51,10 @@ def test_two_sessions_sharing_a_system_prompt_reuse_and_share_its_blocks(api):
 
     second = ask(api, "bob", "Where did the dog run?")
     shared = second["prompt_tokens_details"]["cached_tokens"]
-    assert shared >= 288 and shared % 16 == 0
+    assert shared >= 288  # the system prompt's full blocks, and what the block after them shares (copied)
     after_second = live_blocks(api)
     held_by_second = -(-(second["prompt_tokens"] + 4) // 16)
-    # the system prompt's blocks are held once: the second session added only the blocks past them
+    # the system prompt's full blocks are held once: the second session added only the blocks past them
     assert after_first["blocks_free"] - after_second["blocks_free"] == held_by_second - shared // 16
     assert after_second["blocks_pinned"] == held_by_first + held_by_second - shared // 16
     for session_id in ("alice", "bob"):

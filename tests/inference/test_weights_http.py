@@ -347,4 +347,6 @@ def test_a_quiesce_drops_every_cache_computed_on_the_old_weights(server, api, ho
     commit(holder)
     again = chat(api, "stories", session_turn, max_tokens=4, session_id="kept")
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the session's KV is gone ...
-    assert cached(tale) == 0  # ... and so are the cached prefixes: nothing computed on the old weights is reused
+    # ... and so are the cached prefixes: of the tale, at most the chat template's opening it shares with the turn
+    # just computed on the new weights is reused, none of its own blocks from before
+    assert cached(tale) < 16

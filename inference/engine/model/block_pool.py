@@ -5,7 +5,9 @@ that lists it (`refs`), so two sequences that start with the same tokens hold th
 named by a key chained over the tokens before it (the previous block's hash and this block's token ids, as vLLM's
 automatic prefix caching does), so a new prompt finds the blocks of any earlier sequence that began the same way.
 When the last holder lets go, a named block is not wiped: it stays findable, in least-recently-released order, until
-an allocation needs it (`cached`); an unnamed one is free at once.
+an allocation needs it (`cached`); an unnamed one is free at once. Named blocks are also found by the key of the
+block before them (`children`), so a prompt that goes on differently in the middle of a block can still take the
+positions it shares with one (kv_cache.py's `reuse_prefix`).
 
 The key holds the token ids themselves, so a dict lookup compares them exactly: two different prefixes can only
 share a block if their earlier blocks' 64-bit hashes collide. All of this is plain Python on the host, so scheduling
@@ -49,6 +51,7 @@ class BlockPool:
         self._cached: OrderedDict[int, None] = OrderedDict()  # unheld named blocks, least recently released first
         self._key_of: list[BlockKey | None] = [None] * num_blocks
         self._by_key: dict[BlockKey, int] = {}
+        self._by_parent: dict[int, set[int]] = {}  # a chain hash -> the named blocks that follow it
         self.reclaim: Callable[[], bool] = lambda: False
 
     # -- counts ------------------------------------------------------------------------------------------------
@@ -79,8 +82,7 @@ class BlockPool:
             block = self._free.pop()
         else:
             block, _ = self._cached.popitem(last=False)
-            del self._by_key[self._key_of[block]]
-            self._key_of[block] = None
+            self._unname(block)
         self.refs[block] = 1
         return block
 
@@ -111,6 +113,16 @@ class BlockPool:
         if self._key_of[block] is None and key not in self._by_key:
             self._key_of[block] = key
             self._by_key[key] = block
+            self._by_parent.setdefault(key[0], set()).add(block)
+
+    def _unname(self, block: int) -> None:
+        key = self._key_of[block]
+        del self._by_key[key]
+        siblings = self._by_parent[key[0]]
+        siblings.discard(block)
+        if not siblings:
+            del self._by_parent[key[0]]
+        self._key_of[block] = None
 
     def is_named(self, block: int) -> bool:
         return self._key_of[block] is not None
@@ -119,9 +131,25 @@ class BlockPool:
         """The block that holds the prefix `key` names, if it is still in the pool (held or cached)."""
         return self._by_key.get(key)
 
+    def longest_start(self, parent: int, token_ids: list[int]) -> tuple[int | None, int]:
+        """Of the named blocks that follow the chain hash `parent`, the one whose tokens begin with the longest run
+        of `token_ids`, and that run's length ((None, 0) when none begins with the first of them)."""
+        best, best_common = None, 0
+        for block in self._by_parent.get(parent, ()):
+            tokens = self._key_of[block][1]
+            common = 0
+            for mine, theirs in zip(token_ids, tokens, strict=False):  # `token_ids` may be shorter
+                if mine != theirs:
+                    break
+                common += 1
+            if common > best_common:
+                best, best_common = block, common
+        return best, best_common
+
     def forget_prefixes(self) -> None:
         """Drops every name (the weights changed, so no cached KV is valid); cached blocks become free."""
         self._by_key.clear()
+        self._by_parent.clear()
         self._key_of = [None] * self.num_blocks
         self._free.extend(self._cached)
         self._cached.clear()

@@ -3,7 +3,8 @@
 A slot is a handle to one sequence's KV: the blocks that hold its positions `[0, length)`, in order, and the token ids
 they were computed from. Memory is spent on the tokens held, not on a full window per sequence, and sequences that
 begin with the same tokens share those blocks (block_pool.py): a new slot starts from the longest run of cached full
-blocks its prompt begins with (`reuse_prefix`), so only the rest is prefilled. A slot belongs to whoever allocated
+blocks its prompt begins with, and from the positions after them that a cached block shares with it, copied into a
+block of its own (`reuse_prefix`), so only the rest is prefilled. A slot belongs to whoever allocated
 it until it is freed, so a session keeps its conversation's slot between turns and a turn continues it.
 
 Each layer's keys (and values) are one tensor `[num_kv_heads, num_blocks + 1, block_size, head_dim]`. The extra last
@@ -146,13 +147,19 @@ class KVCache:
                 self.pool.release(last)
                 table.blocks[-1] = copy
 
+    @torch.inference_mode()
     def reuse_prefix(self, slot: int, token_ids: list[int]) -> int:
-        """Starts an empty slot from the cached full blocks `token_ids` begins with, leaving at least its last token
-        to be computed (a step needs one to produce logits). Returns the number of tokens reused."""
+        """Starts an empty slot from the cached full blocks `token_ids` begins with, then from the first positions
+        of the next block that a cached block shares with it (copied: the rest of that block is this prompt's own),
+        leaving at least its last token to be computed (a step needs one to produce logits). Returns the number of
+        tokens reused.
+
+        The copy makes reuse as fine as a token rather than a block, as llama.cpp's slots and SGLang's radix cache
+        reuse: chat prompts that share a system prompt or a template's opening rarely share it to a block's end."""
         table = self._table(slot)
         if table.token_ids:
             raise ValueError(f"slot {slot} is not empty")
-        usable = token_ids[: (len(token_ids) - 1) // self.block_size * self.block_size]
+        usable = token_ids[: len(token_ids) - 1]
         for key in chain_keys(usable, self.block_size):
             block = self.pool.find(key)
             if block is None:
@@ -161,6 +168,18 @@ class KVCache:
             table.blocks.append(block)
             table.token_ids += key[1]
             table.hashes.append(hash(key))
+        rest = usable[len(table.token_ids) : len(table.token_ids) + self.block_size]
+        source, common = self.pool.longest_start(table.hashes[-1] if table.hashes else 0, rest)
+        if common:
+            self.pool.hold(source)  # an allocation below may otherwise take it back from the cache
+            try:
+                copy = self.pool.allocate()
+            finally:
+                self.pool.release(source)
+            for layer in (*self.keys, *self.values):
+                layer[:, copy, :common] = layer[:, source, :common]
+            table.blocks.append(copy)
+            table.token_ids += rest[:common]
         return len(table.token_ids)
 
     def advance(self, slot: int, token_ids: list[int]) -> None:
