@@ -296,14 +296,14 @@ ATTEND_PAIR(attend_pair_float16, KV_FLOAT16)
 ATTEND_PAIR(attend_pair_bfloat16, KV_BFLOAT16)
 #endif
 
-/* Pairs [first, last) of the step. `scores` has room for the longest row's positions per query head, `rows` for one
- * block as float32, `q` for the pair's rotated query heads and one rotated key. */
+/* Pairs [first, last) of the step. `scores` has room for score_stride(the longest row's length) floats per query
+ * head, `rows` for one block as float32, `q` for the pair's rotated query heads and one rotated key. */
 static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows, float *q) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
     const int64_t element = w->kv_dtype == KV_FLOAT32 ? 4 : 2, block_bytes = bs * dim * element;
 #ifdef ATTEND_AVX2
     Ahead ahead;
-    if (first < last) {
+    if (vector_attend && dim % 8 == 0 && first < last) {
         ahead_start(w, &ahead, first);
         for (int i = 0; i < PIECES_AHEAD; i++) ahead_fetch(w, &ahead, last, element);
     }
