@@ -240,3 +240,13 @@ def test_tokenizer_json_post_processor_decides_bos(stories_hf_dir, tmp_path):
     assert (
         tokenizer.encode("Once upon a time") == AutoTokenizer.from_pretrained(model_dir)("Once upon a time").input_ids
     )
+
+
+def test_a_token_decoded_alone_is_remembered_per_flag(any_tokenizer):
+    """decode_alone answers what decode([token]) answers, for special tokens with and without skipping them, in any
+    order of asking (the streaming detokenizer asks after nearly every token)."""
+    ordinary = any_tokenizer.encode("Once upon a time", add_special_tokens=False)[-1]
+    for token in (any_tokenizer.eos_token_id, ordinary):
+        for skip in (False, True, False, True):
+            assert any_tokenizer.decode_alone(token, skip) == any_tokenizer.decode([token], skip)
+    assert any_tokenizer.decode_alone(any_tokenizer.eos_token_id, False) != ""

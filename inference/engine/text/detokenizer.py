@@ -49,7 +49,10 @@ class IncrementalDetokenizer:
         # The tokens just emitted become the context of the next window.
         del self._window[: self._context_len]
         self._context_len = len(self._window)
-        self._context_text = self.tokenizer.decode(self._window, self.skip_special_tokens)
+        if self._context_len == 1:  # the common case: one token made the piece
+            self._context_text = self.tokenizer.decode_alone(self._window[0], self.skip_special_tokens)
+        else:
+            self._context_text = self.tokenizer.decode(self._window, self.skip_special_tokens)
         return piece
 
     def flush(self) -> str:

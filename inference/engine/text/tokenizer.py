@@ -51,6 +51,7 @@ class Tokenizer:
         self._added_ids = frozenset(added)
         self._byte_level = b'"ByteLevel"' in (backend.decoder.__getstate__() if backend.decoder else b"")
         self._byte_pieces = _byte_piece_ids(backend)
+        self._alone: dict[tuple[int, bool], str] = {}  # decode_alone's answers, at most one per token and flag
         with_specials = backend.encode("", add_special_tokens=True).ids
         self.add_bos = self.bos_token_id is not None and with_specials[:1] == [self.bos_token_id]
 
@@ -115,6 +116,14 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_alone(self, token_id: int, skip_special_tokens: bool = True) -> str:
+        """`decode([token_id])`, remembered: the streaming detokenizer asks for it after nearly every token."""
+        key = (token_id, skip_special_tokens)
+        text = self._alone.get(key)
+        if text is None:
+            text = self._alone[key] = self.decode([token_id], skip_special_tokens)
+        return text
 
     def is_special(self, token_id: int) -> bool:
         """True for special tokens (BOS, EOS, `<|im_end|>`...), which `decode` drops with skip_special_tokens."""
