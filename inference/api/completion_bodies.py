@@ -17,6 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
+
 from inference.api.answer_parts import AnswerParts, finish_reason
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest
@@ -168,10 +170,13 @@ async def _choice(generation: Generation, index: int, ctx: CompletionContext) ->
     return choice
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    """One server-sent event."""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {text}\n\n".encode()
+def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event (named `event`, where the stream names its events). msgspec encodes a chunk in a tenth
+    of json.dumps's time, the same bytes but for a float's exponent (1e-7, not 1e-07) and a non-finite float (null,
+    where json.dumps writes NaN, which is not JSON): a stream is an event per token, so this is most of what the
+    server spends per token."""
+    payload = data.encode() if isinstance(data, str) else msgspec.json.encode(data)
+    return (f"event: {event}\n".encode() if event else b"") + b"data: " + payload + b"\n\n"
 
 
 def error_event(error: PantheonError) -> bytes:

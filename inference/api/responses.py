@@ -15,7 +15,6 @@ its prefix cache, so only the new input is prefilled (`usage.input_tokens_detail
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +23,7 @@ from typing import Any
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api.answer_parts import AnswerParts
-from inference.api.completion_bodies import millm_model
+from inference.api.completion_bodies import millm_model, sse
 from inference.api.methods import only
 from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, counted, submit_choices
 from inference.api.refusals import as_api_error
@@ -256,7 +255,7 @@ async def stream(run: ResponseRun, model: str, generation: Generation, parts: An
 
     def event(kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": next(sequence), **fields}
-        return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n".encode()
+        return sse(data, event=kind)
 
     where = {"item_id": run.message_id, "output_index": 0, "content_index": 0}
     in_progress = run.response(model, "in_progress", [], None)

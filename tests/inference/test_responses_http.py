@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -65,6 +66,17 @@ def test_a_streamed_response_sends_openais_events_and_the_same_text(sdk):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     assert events[-1].response.output_text == whole.output_text
     assert events[-1].model_extra["millm_model"] == '"stories";origin=model;commits=0'  # which weights answered
+
+
+def test_each_streamed_event_is_named_by_its_type_on_the_wire(sdk, server):
+    body = {"model": "stories", "input": STORY, "max_output_tokens": 4, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=60) as response:
+        blocks = response.read().decode().strip().split("\n\n")
+    assert len(blocks) > len(EVENTS)
+    for block in blocks:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        assert name[len("event: ") :] == json.loads(data[len("data: ") :])["type"]
 
 
 def test_a_conversation_continues_through_previous_response_id_reusing_its_kv(sdk):
