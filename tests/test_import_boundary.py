@@ -120,3 +120,20 @@ def test_the_control_plane_imports_no_torch(tmp_path):
     )
     assert {"inference.management.commands.serve", "inference.management.commands.devices"} <= set(found["imported"])
     assert found["loaded"] == [], explain(found)
+
+
+def test_a_worker_that_does_not_compile_loads_no_compiler():
+    """torch.compile's stack (dynamo, inductor, sympy) costs a worker ~120 MB resident and seconds of start-up; only
+    a load with `compile` (or on CUDA) needs it, and it is imported then. Any module importing a helper built with
+    `@torch.compile` at its top level (llguidance's torch module is one) pulls it into every worker."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    found = probe(
+        env,
+        modules=["inference.engine.worker_process"],
+        packages=["inference.engine"],
+        skip=[],
+        forbidden=["sympy"],
+        inference_allowed=["inference.engine"],
+        django_setup=False,
+    )
+    assert found["loaded"] == [], explain(found)

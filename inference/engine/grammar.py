@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 
 import llguidance
-import llguidance.torch as llg_torch
+import llguidance.numpy as llg_numpy
 import torch
 
 from inference.engine.text.tokenizer import Tokenizer
@@ -74,12 +74,15 @@ def allowed_only(
     """scores: [B, V] -> the same with every token that `matchers[i]` does not allow next set to -inf in row
     `rows[i]` (in place), except `exempt[i]` (None: none), which keeps its score.
 
-    The bitmask is unpacked here rather than by llguidance's apply helper, which is built with torch.compile: its
-    first call takes seconds on a CPU and needs a C++ compiler."""
+    The bitmask is filled through llguidance's numpy helpers and unpacked here: its torch module applies the mask
+    with torch.compile, and importing it loads the compiler stack (some 120 MB resident in every worker, and
+    seconds of start-up) on hosts that never compile; its first call takes seconds on a CPU and needs a C++
+    compiler."""
     vocab = scores.shape[1]
-    bitmask = llg_torch.allocate_token_bitmask(len(rows), vocab)  # [R, ceil(V / 32)] int32, bit j of word w: 32w + j
+    words = llg_numpy.allocate_token_bitmask(len(rows), vocab)  # [R, ceil(V / 32)] int32, bit j of word w: 32w + j
     for i, matcher in enumerate(matchers):
-        llg_torch.fill_next_token_bitmask(matcher, bitmask, i)
+        llg_numpy.fill_next_token_bitmask(matcher, words, i)
+    bitmask = torch.from_numpy(words)
     bits = (bitmask.to(scores.device).unsqueeze(-1) >> _bit_positions(scores.device)) & 1  # [R, W, 32]
     allowed = bits.flatten(1)[:, :vocab].bool()
     for i, token in enumerate(exempt):
