@@ -2,6 +2,7 @@
 invalid_request_error naming the field for everything else."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -171,6 +172,24 @@ def test_invalid_bodies_are_invalid_request_errors(raw, mentions):
         parse_chat_request(raw)
     assert caught.value.status == 400 and caught.value.type == "invalid_request_error"
     assert mentions in caught.value.message
+
+
+def test_nothing_of_one_request_carries_into_the_next():
+    """The serializers are bound once and reused (serializers.validated): a request's values, or its error, must
+    not show in the next one's, on the same thread or on others at the same time."""
+    chat(temperature=0.1, top_p=0.5, stop=["x"], max_tokens=3, logprobs=True, top_logprobs=2, seed=7)
+    with pytest.raises(InvalidRequest):
+        parse_chat_request(b'{"messages": [{"role": "wizard", "content": "x"}], "temperature": "hot"}')
+    request = chat()
+    assert request.sampling == SamplingParams(temperature=0.7, top_p=0.95, top_k=40)
+    assert (request.max_tokens, request.generation.stop) == (1024, [])
+
+    def parsed(n):
+        return [chat(max_tokens=n, stop=[str(n)]) for _ in range(200)]
+
+    with ThreadPoolExecutor(4) as pool:
+        for n, requests in zip(range(1, 5), pool.map(parsed, range(1, 5)), strict=True):
+            assert {(r.max_tokens, tuple(r.generation.stop)) for r in requests} == {(n, (str(n),))}
 
 
 def test_load_body():
