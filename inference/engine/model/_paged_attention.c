@@ -81,6 +81,25 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t 
 
 static void (*f16_to_f32)(const uint16_t *, float *, int64_t) = f16_to_f32_portable;
 
+/* float32 rows to float16, rounding to nearest even as torch converts. Without F16C's instruction (the default
+ * target), GCC converts each value in a library call: a few nanoseconds each, thousands per layer and step, which
+ * made a float16 pool's step slower than a float32 one's (docs/performance.md). */
+static void f32_to_f16_portable(const float *src, uint16_t *dst, int64_t n) {
+    _Float16 *halves = (_Float16 *)dst;
+    for (int64_t i = 0; i < n; i++) halves[i] = (_Float16)src[i];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    f32_to_f16_portable(src + i, dst + i, n - i);
+}
+#endif
+
+static void (*f32_to_f16)(const float *, uint16_t *, int64_t) = f32_to_f16_portable;
+
 /* A block's `held` positions as float32 rows: the pool itself for a float32 pool, else widened into `scratch`. */
 static inline const float *block_rows(const void *pool, int kv_dtype, int64_t offset, int64_t n, float *scratch) {
     if (kv_dtype == KV_FLOAT32) return (const float *)pool + offset;
@@ -100,8 +119,7 @@ static inline uint16_t f32_to_bf16(float x) {
 /* n float32 values into the pool at `offset` (elements), in the pool's dtype. */
 static inline void store_row(void *pool, int kv_dtype, int64_t offset, const float *src, int64_t n) {
     if (kv_dtype == KV_FLOAT32) memcpy((float *)pool + offset, src, sizeof(float) * (size_t)n);
-    else if (kv_dtype == KV_FLOAT16)
-        for (int64_t i = 0; i < n; i++) ((_Float16 *)pool)[offset + i] = (_Float16)src[i];
+    else if (kv_dtype == KV_FLOAT16) f32_to_f16(src, (uint16_t *)pool + offset, n);
     else
         for (int64_t i = 0; i < n; i++) ((uint16_t *)pool)[offset + i] = f32_to_bf16(src[i]);
 }
@@ -434,7 +452,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_paged_attention", N
 PyMODINIT_FUNC PyInit__paged_attention(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) f16_to_f32 = f16_to_f32_f16c;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        f16_to_f32 = f16_to_f32_f16c;
+        f32_to_f16 = f32_to_f16_f16c;
+    }
 #endif
 #ifdef ATTEND_AVX2
     vector_attend = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
