@@ -1,14 +1,18 @@
-"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app, inside the body
-limit, inside CORS."""
+"""The ASGI entry point daphne serves: Channels' ProtocolTypeRouter in front of Django's ASGI app (with the handler
+of asgi_handler.py), inside the body limit, inside CORS."""
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
 
 # Django must be set up before anything imports models (Channels consumers do), so this comes first.
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from pantheon_site.asgi_handler import PantheonASGIHandler  # noqa: E402
+
+django_asgi_app = PantheonASGIHandler()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402

@@ -16,9 +16,12 @@ that is still loading is refused (409), a /v1 request waits for it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from asgiref.sync import SyncToAsync
 
 from inference.runtime.engine_client import EngineClient, ModelPlacement
 from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown, WeightsUnsaved
@@ -136,12 +139,13 @@ class ModelRouter:
 
     async def _load_on_demand(self, name: str) -> None:
         """Waits for the model's load: one in progress, else a new one that later requests share. Shielded: a
-        client that disconnects meanwhile does not cancel a load other requests may be waiting for."""
+        client that disconnects meanwhile does not cancel a load other requests may be waiting for; and run outside
+        the first request's context, whose thread for sync work (its database writes) ends with that request."""
         pending = self._loads.get(name) or self._on_demand.get(name)
         if pending is None:
             if self.load_catalogued is None:
                 raise NoModelsLoaded(f"model {name!r} is not loaded", reason="no_loader")
-            pending = asyncio.ensure_future(self.load_catalogued(name))
+            pending = asyncio.get_running_loop().create_task(self.load_catalogued(name), context=_outside_requests())
             self._on_demand[name] = pending
             pending.add_done_callback(functools.partial(self._forget_on_demand, name))
         await asyncio.shield(pending)
@@ -194,3 +198,12 @@ def get_router() -> ModelRouter:
     if _installed is None:
         raise NoModelsLoaded("the inference engine is not running in this process", reason="engine_not_running")
     return _installed
+
+
+def _outside_requests() -> contextvars.Context:
+    """The current context without its request's thread-sensitive context: its sync calls then run on the loop's
+    thread for sync work, as the control plane's own tasks' do (a task created in a request inherits the request's,
+    and asgiref refuses calls through a caller-owned one after its request ended: pantheon_site/asgi_handler.py)."""
+    context = contextvars.copy_context()
+    context.run(SyncToAsync.thread_sensitive_context.set, None)
+    return context
