@@ -81,7 +81,9 @@ def main() -> None:
                 for name, kernel in kernels.items():
                     times[name].append(step_ms(kernel, inputs))
             cells = "  ".join(f"{n} {statistics.median(t):.3f} ({min(t):.3f})" for n, t in times.items())
-            differ = f"  max |this - other| {float((outs['this'] - outs['other']).abs().max()):.2g}" if args.against else ""
+            differ = ""
+            if args.against:
+                differ = f"  max |this - other| {float((outs['this'] - outs['other']).abs().max()):.2g}"
             print(f"{dtype:>8} at {context:>4} positions: {cells}{differ}")
     paged_attention.KERNEL = kernels["this"]
 
