@@ -61,6 +61,32 @@ def test_a_loop_broken_just_before_the_span_starts_over():
     assert first_loop(SPAN, [*tokens, 7]) == len(tokens) + 1
 
 
+def periodic_tail(tokens, span):
+    """Whether the last `span` tokens repeat some period p <= span // 4, checked from scratch."""
+    n = len(tokens)
+    return n >= span and any(
+        all(tokens[i] == tokens[i - p] for i in range(n - span + p, n)) for p in range(1, span // 4 + 1)
+    )
+
+
+@pytest.mark.parametrize("span", [4, 8, 13, SPAN])
+def test_the_detector_fires_exactly_where_the_tail_is_periodic(span):
+    """Against a check from scratch after every token, on output from a few symbols with loops spliced in (loops
+    that start, break and start again, at every period)."""
+    rng = random.Random(span)
+    tokens, detector = [], RepetitionDetector(span)
+    while len(tokens) < 3000:
+        if rng.random() < 0.3:
+            period = rng.randint(1, span // 4 + 1)
+            motif = [rng.randrange(3) for _ in range(period)]
+            tokens_to_add = [motif[i % period] for i in range(rng.randint(1, 2 * span))]
+        else:
+            tokens_to_add = [rng.randrange(3) for _ in range(rng.randint(1, 10))]
+        for token in tokens_to_add:
+            tokens.append(token)
+            assert detector.push(token) == periodic_tail(tokens, span), (len(tokens), tokens[-span:])
+
+
 @pytest.mark.parametrize("span", [0, 1, 3])
 def test_a_span_with_no_period_of_four_repeats_never_fires(span):
     assert first_loop(span, [9] * 1000) is None
