@@ -128,9 +128,16 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("PANTHEON_UI_SECURE_COOKI
 X_FRAME_OPTIONS = "DENY"
 CSRF_FAILURE_VIEW = "pantheon_site.errors.csrf_failure"
 
+# Every SQLite database, the embedded one or one a DATABASE_URL names: immediate transactions and a busy timeout let
+# the server's request threads and a `manage.py` command take turns writing. A deferred transaction that has read
+# cannot wait for another writer (SQLite refuses it at once, to avoid a deadlock), so "database is locked" would
+# fail an audited request whenever another request wrote at the same moment.
+_SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 if os.environ.get("DATABASE_URL"):
     # No persistent connections: under ASGI each request may run its queries on another thread (Django docs).
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"])}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+        DATABASES["default"]["OPTIONS"] = {**_SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
 else:
     DATABASES = {
         "default": {
@@ -139,9 +146,7 @@ else:
             # The test database is a file too (not in memory), so that a `serve` or `manage.py` subprocess started
             # by a test sees the same rows; the pid keeps concurrent test runs apart.
             "TEST": {"NAME": PANTHEON_DATA_DIR / f"test-{os.getpid()}.sqlite3"},
-            # Immediate transactions and a busy timeout let the server and a `manage.py` command take turns writing
-            # instead of failing with "database is locked".
-            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+            "OPTIONS": _SQLITE_OPTIONS,
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -83,3 +83,32 @@ async def test_the_configured_channel_layer_carries_messages():
     assert await layer.receive(channel) == {"type": "probe", "n": 1}
     expected = "RedisChannelLayer" if os.environ.get("REDIS_URL") else "InMemoryChannelLayer"
     assert type(layer).__name__ == expected
+
+
+_AUDIT_WHILE_ANOTHER_WRITES = """
+import sqlite3, sys, threading, time, django
+from django.conf import settings
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from pantheon_site.audit import record_audit_event
+record_audit_event("model_list", "accepted", actor_kind="system")  # the chain head exists: the next one reads first
+writer = sqlite3.connect(settings.DATABASES["default"]["NAME"], isolation_level=None, check_same_thread=False)
+writer.execute("BEGIN IMMEDIATE")  # another connection holds the write lock, as a concurrent request's write does
+threading.Thread(target=lambda: (time.sleep(1), writer.execute("COMMIT"))).start()
+record_audit_event("model_list", "accepted", actor_kind="system")
+print("recorded")
+"""
+
+
+def test_an_audited_write_waits_for_another_sqlite_writer(tmp_path):
+    """On SQLite, named by DATABASE_URL (as tests and `serve` subprocesses name theirs) or embedded, an audit event
+    written while another connection holds the write lock waits for it rather than failing "database is locked"."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PANTHEON_", "DATABASE_URL", "REDIS_URL"))}
+    base = {**clean, "DJANGO_SETTINGS_MODULE": "pantheon_site.settings", "PANTHEON_DATA_DIR": str(tmp_path)}
+    for env in ({"DATABASE_URL": f"sqlite:///{tmp_path / 'named.sqlite3'}"}, {}):
+        done = subprocess.run(
+            [sys.executable, "-c", _AUDIT_WHILE_ANOTHER_WRITES], cwd=REPO_ROOT, env={**base, **env},
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert done.returncode == 0 and done.stdout.strip() == "recorded", (env, done.stderr[-2000:])

@@ -2,6 +2,8 @@
 POST /admin/models/unload. Each refusal has the spec's status and type, writes one refused audit event, and leaves
 the catalogue, the instance rows and the served models as they were."""
 
+import os
+import signal
 import threading
 
 import httpx
@@ -142,20 +144,29 @@ def test_unload_of_what_is_not_loaded_is_404(api, stories, body):
 
 
 def test_unload_while_unloading_is_409(api, stories, server):
-    """A generation in flight keeps the first unload draining; a second unload meanwhile is refused."""
+    """While the first unload is under way, a second one is refused. The worker is stopped (SIGSTOP) while the first
+    is sent, so however fast it would have drained the generation in flight, the first unload cannot finish before
+    the second is answered; the control plane refuses the second without asking the worker."""
+    unload, first = {"name": "stories"}, {}
+
+    def send_first():
+        first["r"] = api.post("/admin/models/unload", json=unload)
+
     with httpx.Client(base_url=server.url, timeout=60) as streamer:
         body = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
         with streamer.stream("POST", "/v1/chat/completions", json=body) as stream:
             lines = stream.iter_lines()
             next(lines)
-            first = {}
-            unloading = threading.Thread(target=lambda: first.update(r=api.post("/admin/models/unload",
-                                                                                json={"name": "stories"})))  # fmt: skip
-            unloading.start()
-            wait_for(
-                lambda: api.get("/admin/models").json()["data"][0]["state"] == "unloading", timeout=5, interval=0.01
-            )
-            second = api.post("/admin/models/unload", json={"name": "stories"})
+            [worker] = server.worker_pids()
+            os.kill(worker, signal.SIGSTOP)
+            try:
+                unloading = threading.Thread(target=send_first)
+                unloading.start()
+                # /v1/models lists what takes requests, from the control plane alone: an unloading model leaves it.
+                wait_for(lambda: not api.get("/v1/models").json()["data"], timeout=30, interval=0.01)
+                second = api.post("/admin/models/unload", json=unload)
+            finally:
+                os.kill(worker, signal.SIGCONT)
             assert_refused(second, 409, "unload_failed", "model_unload")
             list(lines)
             unloading.join()
