@@ -28,9 +28,10 @@
  *
  * The work is shared, with the GIL released, among the threads of the elastic pool (_elastic_pool.h) rather than
  * torch's OpenMP ones: activation rows to quantize, then output rows, in chunks claimed one at a time, so a thread
- * the host preempts holds back only its chunk. Each chunk walks its weight rows one at a time (AVX2: one sequential
- * stream, see ONE_ROW_AVX2) or in tiles of 2 or 4 (VNNI), and each tile every activation row in groups of four, so a
- * weight vector is read from memory once per call and reused from registers.
+ * the host preempts holds back only its chunk. Each chunk walks its weight rows one at a time (AVX2, and VNNI's Q8_0
+ * for under four activation rows: one sequential stream, see ONE_ROW_AVX2) or in tiles of 2 or 4 (VNNI), and each
+ * tile every activation row in groups of four, so a weight vector is read from memory once per call and reused from
+ * registers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -266,7 +267,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
     __attribute__((target(TARGET))) static void matmul_rows_##SUFFIX##FMT(const Matmul *mm, int64_t n_first,      \
                                                                          int64_t n_last) {                         \
         int64_t n = n_first;                                                                                       \
-        if (ONE_ROW) { /* one sequential stream of weights per thread (see ONE_ROW_AVX2) */                        \
+        if (ONE_ROW) { /* one sequential stream of weights per thread (see ONE_ROW_AVX2, ONE_ROW_VNNI_Q8_0) */       \
             for (; n < n_last; n++) tiles_##SUFFIX##FMT(mm, n, 1);                                                 \
             return;                                                                                                \
         }                                                                                                          \
@@ -281,10 +282,15 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
  * fetch too little ahead and the loads no longer overlapped the arithmetic. Measured on an AVX2-only AMD Zen 2 host,
  * from one row to eight (docs/performance.md); the VNNI kernel keeps its tiles, tuned on an AVX-512 host. */
 #define ONE_ROW_AVX2 1
+/* The VNNI kernel walks Q8_0 weights one row at a time too while there are fewer activation rows than a tile holds:
+ * there its byte multiply-adds keep up with memory, and one stream per thread read the weights faster than four side
+ * by side (measured on an AMD Zen 4 host, docs/performance.md). Q4_0, with twice the arithmetic per byte, and every
+ * format at four rows or more keep the tiles. */
+#define ONE_ROW_VNNI_Q8_0 (mm->m < ROWS_PER_TILE)
 TILE(AVX2, avx2, _q4_0, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q8_0, 1, ONE_ROW_AVX2)
 TILE(VNNI, vnni, _q4_0, 0, 0)
-TILE(VNNI, vnni, _q8_0, 1, 0)
+TILE(VNNI, vnni, _q8_0, 1, ONE_ROW_VNNI_Q8_0)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
