@@ -42,6 +42,7 @@
 
 #include "_elastic_pool.h"
 #include "_float_matmul.h"
+#include "_transposed_matmul.h"
 
 #define BLOCK 32
 #define SUPER 256 /* values per super-block: 8 blocks */
@@ -454,6 +455,36 @@ static PyObject *float_matmul(PyObject *self, PyObject *args) {
 
 static PyObject *float_available(PyObject *self, PyObject *unused) { return PyBool_FromLong(float_kernel_runs()); }
 
+static int transposed_kernel_runs(void) {
+#ifdef TRANSPOSED_MATMUL_X86
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+/* On the calling thread, with the GIL held: the call is a few microseconds (_transposed_matmul.h). */
+static PyObject *transposed_matmul(PyObject *self, PyObject *args) {
+    Py_ssize_t out, x, weight_t;
+    TransposedMatmul mm;
+    if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight_t, &mm.m, &mm.n, &mm.k)) return NULL;
+    if (!transposed_kernel_runs()) {
+        PyErr_SetString(PyExc_RuntimeError, "the transposed float32 kernel needs AVX2 and FMA");
+        return NULL;
+    }
+#ifdef TRANSPOSED_MATMUL_X86
+    mm.out = (float *)out;
+    mm.x = (const float *)x;
+    mm.w_t = (const float *)weight_t;
+    transposed_matmul_avx2(&mm);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *transposed_available(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(transposed_kernel_runs());
+}
+
 static PyObject *set_threads(PyObject *self, PyObject *args) {
     int threads;
     if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
@@ -473,6 +504,10 @@ static PyMethodDef methods[] = {
     {"float_matmul", float_matmul, METH_VARARGS,
      "float_matmul(out, x, weight, m, n, k): out[m, n] = x[m, k] @ weight[n, k]^T (float32 pointers as ints)."},
     {"float_available", float_available, METH_NOARGS, "whether this CPU runs the float32 kernel (AVX-512F or AVX2)"},
+    {"transposed_matmul", transposed_matmul, METH_VARARGS,
+     "transposed_matmul(out, x, weight_t, m, n, k): out[m, n] = x[m, k] @ weight_t[k, n] (float32 pointers as ints)."},
+    {"transposed_available", transposed_available, METH_NOARGS,
+     "whether this CPU runs the transposed float32 kernel (AVX2 and FMA)"},
     {"set_threads", set_threads, METH_VARARGS, "set_threads(n): share each call's work among n threads"},
     {"threads", threads, METH_NOARGS, "how many threads each call's work is shared among"},
     {NULL, NULL, 0, NULL},

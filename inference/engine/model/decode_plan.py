@@ -68,15 +68,23 @@ class _FloatCall:
 
 
 class _TransposedCall:
-    """A small float32 layer: torch's matmul on the [in, out] weight, into the buffer."""
+    """A small float32 layer ([in, out] weight): the layer's own product (the C kernel, else torch's matmul), into the
+    buffer."""
 
-    __slots__ = ("weight_t", "bias")
+    __slots__ = ("weight_t", "pointer", "out_features", "in_features", "bias")
 
     def __init__(self, layer: TransposedLinear):
         self.weight_t, self.bias = layer.weight_t, layer.bias
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.pointer = layer.weight_t.data_ptr() if layer.on_kernel() else None
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        torch.matmul(x, self.weight_t, out=out)
+        if self.pointer is None:
+            torch.matmul(x, self.weight_t, out=out)
+        else:
+            MATMUL.transposed_matmul(
+                out.data_ptr(), x.data_ptr(), self.pointer, x.shape[0], self.out_features, self.in_features
+            )
         if self.bias is not None:
             out.add_(self.bias)
 

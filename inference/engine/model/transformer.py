@@ -93,20 +93,39 @@ PACK_BATCH_HINT = 8
 # Smaller weights stay plain: they sit in cache, where re-packing is cheap, and the oneDNN call's fixed cost (tens of
 # microseconds through torch.ops) would dominate a tiny model's step.
 PACK_MIN_ELEMENTS = 1 << 18
+# Whether the CPU runs the C kernel for those smaller float32 weights (TransposedLinear), asked once.
+TRANSPOSED_KERNEL = matmul_kernel.transposed_kernel_runs()
 
 
 class TransposedLinear(nn.Module):
-    """A CPU linear layer that keeps its weight as [in, out] and computes `x @ weight_t`: for small weights MKL is
-    faster with this layout than with nn.Linear's [out, in] (and than a oneDNN call, see PackedLinear)."""
+    """A CPU linear layer too small to share out, weight kept as [in, out]: float32 ones go to the C kernel for that
+    layout (`_transposed_matmul.h`) where the CPU runs it, whose call costs a fraction of torch.matmul's at these
+    sizes (docs/performance.md); otherwise `x @ weight_t` (for small weights MKL is faster with this layout than with
+    nn.Linear's [out, in], and than a oneDNN call, see PackedLinear)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
         self.bias = linear.bias
+        self.in_features, self.out_features = self.weight_t.shape
+
+    def on_kernel(self) -> bool:
+        """Whether this layer's product is the C kernel's (the decode plan and the compiled step ask too)."""
+        return self.weight_t.dtype == torch.float32 and TRANSPOSED_KERNEL
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
-        out = x @ self.weight_t
+        if not self.on_kernel():
+            out = x @ self.weight_t
+            return out if self.bias is None else out.add_(self.bias)
+        rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        n, k = self.out_features, self.in_features
+        matmul_kernel.KERNEL.transposed_matmul(
+            out.data_ptr(), rows.data_ptr(), self.weight_t.data_ptr(), len(rows), n, k
+        )
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out.add_(self.bias)
 
 

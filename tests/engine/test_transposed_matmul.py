@@ -1,0 +1,54 @@
+"""The C kernel for small float32 weights kept as [in, out] (`_transposed_matmul.h`, transformer.py's
+TransposedLinear): the product for every row count (tiles of four, then three, two, one) and output width (bands of
+16, a last band cut mid-vector or shorter than one vector), a row's result independent of the rows beside it, and the
+layers that take it."""
+
+import pytest
+import torch
+from torch import nn
+
+from inference.engine.model import matmul_kernel
+from inference.engine.model.transformer import TransposedLinear, cpu_linears
+
+needs_kernel = pytest.mark.skipif(not matmul_kernel.transposed_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 30])
+@pytest.mark.parametrize(("out_features", "in_features"), [(5, 8), (13, 37), (16, 64), (24, 9), (344, 64), (33, 172)])
+def test_the_kernel_computes_the_product(rows: int, out_features: int, in_features: int):
+    torch.manual_seed(rows * 1000 + out_features)
+    linear = nn.Linear(in_features, out_features, bias=True)
+    layer = TransposedLinear(linear)
+    assert layer.on_kernel()
+    x = torch.randn(rows, in_features)
+    got = layer(x)
+    want = (x.double() @ linear.weight.double().T + linear.bias.double()).float()
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    layer = TransposedLinear(nn.Linear(64, 344, bias=False))
+    x = torch.randn(9, 64)
+    batch = layer(x)
+    for row in range(9):
+        assert torch.equal(layer(x[row : row + 1]), batch[row : row + 1])
+
+
+@needs_kernel
+def test_leading_dimensions_are_kept():
+    layer = TransposedLinear(nn.Linear(64, 40))
+    x = torch.randn(2, 3, 64)
+    assert torch.equal(layer(x), layer(x.reshape(6, 64)).reshape(2, 3, 40))
+
+
+def test_small_layers_take_the_kernel_where_the_cpu_runs_it_and_other_dtypes_torch():
+    model = cpu_linears(nn.Sequential(nn.Linear(16, 24)), float32=True)
+    assert isinstance(model[0], TransposedLinear)
+    assert model[0].on_kernel() == matmul_kernel.transposed_kernel_runs()
+    halved = TransposedLinear(nn.Linear(16, 24).to(torch.bfloat16))
+    assert not halved.on_kernel()
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    assert torch.equal(halved(x), x @ halved.weight_t + halved.bias)
