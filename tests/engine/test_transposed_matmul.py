@@ -14,7 +14,7 @@ needs_kernel = pytest.mark.skipif(not matmul_kernel.transposed_kernel_runs(), re
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 30])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 30, 70])
 @pytest.mark.parametrize(("out_features", "in_features"), [(5, 8), (13, 37), (16, 64), (24, 9), (344, 64), (33, 172)])
 def test_the_kernel_computes_the_product(rows: int, out_features: int, in_features: int):
     torch.manual_seed(rows * 1000 + out_features)

@@ -2,12 +2,14 @@
  * (transformer.py's TransposedLinear: the layers too small for the kernel of _float_matmul.h to share out, such as
  * every layer of stories260K).
  *
- * At these sizes a call's fixed cost is most of it: torch.matmul spent 1.3-3.2 us per call at one row on layers of
- * 64 x 64 to 64 x 512, some twenty calls per decode step of such a model. Here the call goes straight to the loop, on
+ * At these sizes a call's fixed cost is most of it: torch.matmul's dispatch cost more than its arithmetic, some
+ * twenty calls per decode step of such a model (docs/performance.md). Here the call goes straight to the loop, on
  * the calling thread (no pool: the work is a few microseconds). Each weight row Wt[k] is a run of N floats, so a
  * tile is RM activation rows by 16 outputs: the activation x[r, k] is broadcast and multiplied into the 16 outputs'
  * two vectors, K steps of one multiply-add chain per accumulator. Every output is the same chain over k = 0 .. K-1
  * whatever tile it falls in, so a row's result does not depend on the rows beside it (batching changes no bits).
+ * A decode step's rows come here; a prompt's many rows stay with MKL, whose larger tiles win there
+ * (transformer.py's transposed_product).
  */
 #pragma once
 #include <stdint.h>

@@ -17,6 +17,7 @@ CUDA).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 
 import torch
 
@@ -24,7 +25,7 @@ from inference.engine.model import paged_attention, pointwise
 from inference.engine.model.block_quant import BlockLinear
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.matmul_kernel import KERNEL as MATMUL
-from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear
+from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear, transposed_product
 
 
 class _BlockCall:
@@ -68,25 +69,13 @@ class _FloatCall:
 
 
 class _TransposedCall:
-    """A small float32 layer ([in, out] weight): the layer's own product (the C kernel, else torch's matmul), into the
-    buffer."""
+    """A small float32 layer ([in, out] weight): the layer's own product (transformer.transposed_product) with its
+    weight bound, into the buffer: `run(x, out)`."""
 
-    __slots__ = ("weight_t", "pointer", "out_features", "in_features", "bias")
+    __slots__ = ("run",)
 
     def __init__(self, layer: TransposedLinear):
-        self.weight_t, self.bias = layer.weight_t, layer.bias
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.pointer = layer.weight_t.data_ptr() if layer.on_kernel() else None
-
-    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        if self.pointer is None:
-            torch.matmul(x, self.weight_t, out=out)
-        else:
-            MATMUL.transposed_matmul(
-                out.data_ptr(), x.data_ptr(), self.pointer, x.shape[0], self.out_features, self.in_features
-            )
-        if self.bias is not None:
-            out.add_(self.bias)
+        self.run = partial(transposed_product, layer.weight_t, layer.kernel_pointer(), layer.bias)
 
 
 _CALLS = {BlockLinear: _BlockCall, FloatLinear: _FloatCall, TransposedLinear: _TransposedCall}

@@ -95,13 +95,32 @@ PACK_BATCH_HINT = 8
 PACK_MIN_ELEMENTS = 1 << 18
 # Whether the CPU runs the C kernel for those smaller float32 weights (TransposedLinear), asked once.
 TRANSPOSED_KERNEL = matmul_kernel.transposed_kernel_runs()
+# Up to this many rows (a decode step's) that kernel is faster than torch.matmul; from ~64 rows on (a prompt's) MKL's
+# larger tiles win (docs/performance.md).
+TRANSPOSED_KERNEL_ROWS = 48
+
+
+def transposed_product(
+    weight_t: torch.Tensor, pointer: int, bias: torch.Tensor | None, rows: torch.Tensor, out: torch.Tensor
+) -> None:
+    """out[R, out] = rows[R, in] @ weight_t[in, out] (+ bias); `pointer` is weight_t's address where the layer is on
+    the C kernel, else 0. The one product TransposedLinear's forward and the decode plan share (the plan binds the
+    first three arguments once: at a microsecond a call, each lookup counts), so the plan's logits are the forward's
+    bit for bit."""
+    m = rows.shape[0]
+    if pointer and m <= TRANSPOSED_KERNEL_ROWS:
+        matmul_kernel.KERNEL.transposed_matmul(out.data_ptr(), rows.data_ptr(), pointer, m, out.shape[1], rows.shape[1])
+    else:
+        torch.matmul(rows, weight_t, out=out)
+    if bias is not None:
+        out.add_(bias)
 
 
 class TransposedLinear(nn.Module):
-    """A CPU linear layer too small to share out, weight kept as [in, out]: float32 ones go to the C kernel for that
-    layout (`_transposed_matmul.h`) where the CPU runs it, whose call costs a fraction of torch.matmul's at these
-    sizes (docs/performance.md); otherwise `x @ weight_t` (for small weights MKL is faster with this layout than with
-    nn.Linear's [out, in], and than a oneDNN call, see PackedLinear)."""
+    """A CPU linear layer too small to share out, weight kept as [in, out]: a float32 one multiplies a decode step's
+    few rows on the C kernel for that layout (`_transposed_matmul.h`) where the CPU runs it, whose call costs a
+    fraction of torch.matmul's at these sizes; otherwise `x @ weight_t` (for small weights MKL is faster with this
+    layout than with nn.Linear's [out, in], and than a oneDNN call, see PackedLinear)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -110,23 +129,19 @@ class TransposedLinear(nn.Module):
         self.in_features, self.out_features = self.weight_t.shape
 
     def on_kernel(self) -> bool:
-        """Whether this layer's product is the C kernel's (the decode plan and the compiled step ask too)."""
+        """Whether a few rows' product is the C kernel's (the compiled step asks too: it cannot trace the call)."""
         return self.weight_t.dtype == torch.float32 and TRANSPOSED_KERNEL
+
+    def kernel_pointer(self) -> int:
+        """transposed_product's `pointer`: the weight's address on the kernel, else 0."""
+        return self.weight_t.data_ptr() if self.on_kernel() else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
-        if not self.on_kernel():
-            out = x @ self.weight_t
-            return out if self.bias is None else out.add_(self.bias)
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
-        n, k = self.out_features, self.in_features
-        matmul_kernel.KERNEL.transposed_matmul(
-            out.data_ptr(), rows.data_ptr(), self.weight_t.data_ptr(), len(rows), n, k
-        )
-        if x.dim() != 2:
-            out = out.view(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out.add_(self.bias)
+        out = torch.empty(rows.shape[0], self.out_features, dtype=self.weight_t.dtype)
+        transposed_product(self.weight_t, self.kernel_pointer(), self.bias, rows, out)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
 
 class PackedLinear(nn.Module):
