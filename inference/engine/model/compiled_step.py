@@ -14,11 +14,11 @@ a sequence's KV. After the warm-up a bucket's graph is final: a step that would 
 instead (`SealableBackend`) and the model goes back to the eager forward for good, with the reason in its `graphs`
 report (hosted_model.py), never silently and never with a compile stall mid-serving.
 
-Linear layers the compiler knows to be plain matmuls (nn.Linear, a TransposedLinear off the C kernel) are traced;
-every other kind (oneDNN-packed, int8, 4-bit, the C kernels': weights the compiler cannot lower, or calls it cannot
-see into) is called through the opaque custom op `pantheon::linear_layer`, so each keeps its own kernel. The graph
-shares the model's parameters and the KV pool: no weight is copied, and weights written in place (the trainer's
-barrier) are what the next step reads.
+Linear layers the compiler knows to be plain matmuls (nn.Linear, TransposedLinear: traced as `x @ weight_t`, which
+inductor fuses, where eager steps call the C kernel) are traced; every other kind (oneDNN-packed, int8, 4-bit, the
+float32 C kernel's: weights the compiler cannot lower, or calls it cannot see into) is called through the opaque
+custom op `pantheon::linear_layer`, so each keeps its own kernel. The graph shares the model's parameters and the KV
+pool: no weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
 
 `DecodeGraph` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
 bias lives in the linear layers, qwen3's q/k norm is applied here); test_compiled_step.py holds it to the eager
@@ -44,12 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-def traceable(layer: nn.Module) -> bool:
-    """Whether the layer's forward is a plain matmul (+ bias) the compiler traces; any other kind is called
-    opaquely."""
-    return type(layer) is nn.Linear or (type(layer) is TransposedLinear and not layer.on_kernel())
-
+# Linear layers whose forward is a plain matmul (+ bias) the compiler traces; any other kind is called opaquely.
+TRACEABLE_LINEARS = (nn.Linear, TransposedLinear)
 
 # The opaque linear layers of the model whose compiled step this thread is running (DecodeGraphs sets it around the
 # call). The graph names a layer by its index in the model, not by the object, so two loads of the same architecture
@@ -76,7 +72,7 @@ class OpaqueLinear(nn.Module):
     def __init__(self, layer: nn.Module, out_features: int, index: int):
         super().__init__()
         self.layer = layer
-        self.traced = traceable(layer)
+        self.traced = type(layer) in TRACEABLE_LINEARS
         self.out_features = out_features
         self.index = index  # in DecodeGraph.linear_layers
 

@@ -129,7 +129,7 @@ class TransposedLinear(nn.Module):
         self.in_features, self.out_features = self.weight_t.shape
 
     def on_kernel(self) -> bool:
-        """Whether a few rows' product is the C kernel's (the compiled step asks too: it cannot trace the call)."""
+        """Whether a few rows' product is the C kernel's."""
         return self.weight_t.dtype == torch.float32 and TRANSPOSED_KERNEL
 
     def kernel_pointer(self) -> int:
@@ -138,6 +138,9 @@ class TransposedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
+        if torch.compiler.is_compiling():  # the compiled step traces the plain product, which inductor fuses
+            out = x @ self.weight_t
+            return out if self.bias is None else out + self.bias
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.weight_t.dtype)
         transposed_product(self.weight_t, self.kernel_pointer(), self.bias, rows, out)
@@ -183,6 +186,9 @@ class FloatLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
+        if torch.compiler.is_compiling():  # the compiled step traces the plain product, which inductor fuses
+            out = x @ self.weight_t
+            return out if self.bias is None else out + self.bias
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(rows.shape[0], self.out_features)
         matmul_kernel.KERNEL.float_matmul(
