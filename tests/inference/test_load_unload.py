@@ -21,10 +21,13 @@ from tests.inference.serving import bearer, free_port, run_manage, serving_env, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LONG_STREAM = {"messages": [{"content": "Hi"}], "temperature": 0, "max_tokens": 500, "stream": True}
-# Tokens of the stream that times a disconnect. Started on a second model of the same worker just before the
-# disconnect, it advances one token per worker step, as the abandoned LONG_STREAM would (greedy "Hi" runs to the
-# window): fewer steps than that one has left, so if the disconnect did not abort it, the timer would end first.
-TIMER_TOKENS = 200
+# A generation of the demo model that only its length ends (its window is 2,048; neither end of sequence nor, with
+# PANTHEON_REPETITION_LOOP_TOKENS=0, the loop detector), and the tokens of the stream that times a disconnect:
+# started on a second model of the same worker just before the disconnect, it advances one token per worker step, as
+# the abandoned stream would; fewer steps than that one has left, so if the disconnect did not abort it, the timer
+# would end first. Hundreds of steps, where the disconnect takes a few: a faster step cannot make it a race.
+ENDLESS = {**LONG_STREAM, "max_tokens": 2000, "ignore_eos": True}
+TIMER_TOKENS = 1200
 
 
 def served(api):
@@ -151,11 +154,10 @@ def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, tm
     # model's window, with neither end of sequence nor the loop detector to end them early, are thousands of steps
     # where the drain timeout is a few.
     model = write_demo_model(tmp_path / "demo")
-    endless = {**LONG_STREAM, "max_tokens": 2000, "ignore_eos": True}
     server = start_server(PANTHEON_UNLOAD_DRAIN_TIMEOUT_S="0.05", PANTHEON_REPETITION_LOOP_TOKENS="0")
     with httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token)) as api:
         api.post("/admin/models/load", json={"path": str(model), "name": "slow"})
-        events, unload, _ = stream_then_unload(server, api, "slow", endless)
+        events, unload, _ = stream_then_unload(server, api, "slow", ENDLESS)
         assert unload.status_code == 200 and unload.json()["aborted"] == 1
         assert "[DONE]" not in events
         # Ended by the unload at its drain timeout (far shorter than the generation), not run to its end.
@@ -163,9 +165,11 @@ def test_unload_ends_what_is_still_running_at_the_drain_timeout(start_server, tm
         assert served(api) == []
 
 
-def test_a_client_that_disconnects_frees_its_generation(api, server, stories_hf_dir):
-    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "d"})
-    api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "timer"})
+def test_a_client_that_disconnects_frees_its_generation(start_server, tmp_path, operator_token):
+    model = write_demo_model(tmp_path / "demo")
+    server = start_server(PANTHEON_REPETITION_LOOP_TOKENS="0")
+    api = httpx.Client(base_url=server.url, timeout=60, headers=bearer(operator_token))
+    client = httpx.Client(base_url=server.url, timeout=60)
 
     def running():
         """Running generations by model, from one status of the worker."""
@@ -175,13 +179,15 @@ def test_a_client_that_disconnects_frees_its_generation(api, server, stories_hf_
         now = running()
         return now if now["d"] == 0 or now["timer"] == 0 else None
 
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        with client.stream("POST", "/v1/chat/completions", json={**LONG_STREAM, "model": "d"}) as stream:
+    with api, client:
+        api.post("/admin/models/load", json={"path": str(model), "name": "d"})
+        api.post("/admin/models/load", json={"path": str(model), "name": "timer"})
+        with client.stream("POST", "/v1/chat/completions", json={**ENDLESS, "model": "d"}) as stream:
             lines = stream.iter_lines()
             for _ in range(3):
                 next(lines)
             assert running()["d"] == 1
-            timing = {**LONG_STREAM, "model": "timer", "max_tokens": TIMER_TOKENS}
+            timing = {**ENDLESS, "model": "timer", "max_tokens": TIMER_TOKENS}
             with client.stream("POST", "/v1/chat/completions", json=timing) as timer:  # returns once it is running
                 stream.close()
                 now = wait_for(d_or_timer_done, interval=0.01)
