@@ -12,17 +12,24 @@ from inference.engine.model.transformer import FloatLinear, PackedLinear, Transp
 needs_kernel = pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
 
 
+def assert_computes_the_product(layer_class: type[nn.Module], rows: int, out_features: int, in_features: int):
+    """A layer of `layer_class` made from a random nn.Linear (with bias) against the float64 product; returns it."""
+    torch.manual_seed(rows * 1000 + out_features)
+    linear = nn.Linear(in_features, out_features, bias=True)
+    layer = layer_class(linear)
+    x = torch.randn(rows, in_features)
+    got = layer(x)
+    want = (x.double() @ linear.weight.double().T + linear.bias.double()).float()
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    return layer
+
+
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 70])
 @pytest.mark.parametrize(("out_features", "in_features"), [(13, 100), (24, 768), (37, 2048)])
 def test_the_kernel_computes_the_product(rows: int, out_features: int, in_features: int):
-    torch.manual_seed(rows * 1000 + out_features)
-    linear = nn.Linear(in_features, out_features, bias=True)
-    x = torch.randn(rows, in_features)
-    got = FloatLinear(linear)(x)
-    want = (x.double() @ linear.weight.double().T + linear.bias.double()).float()
-    assert got.shape == (rows, out_features)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert_computes_the_product(FloatLinear, rows, out_features, in_features)
 
 
 @needs_kernel

@@ -9,6 +9,7 @@ from torch import nn
 
 from inference.engine.model import matmul_kernel
 from inference.engine.model.transformer import TransposedLinear, cpu_linears
+from tests.engine.test_float_matmul import assert_computes_the_product
 
 needs_kernel = pytest.mark.skipif(not matmul_kernel.transposed_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
 
@@ -17,15 +18,7 @@ needs_kernel = pytest.mark.skipif(not matmul_kernel.transposed_kernel_runs(), re
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 30, 70])
 @pytest.mark.parametrize(("out_features", "in_features"), [(5, 8), (13, 37), (16, 64), (24, 9), (344, 64), (33, 172)])
 def test_the_kernel_computes_the_product(rows: int, out_features: int, in_features: int):
-    torch.manual_seed(rows * 1000 + out_features)
-    linear = nn.Linear(in_features, out_features, bias=True)
-    layer = TransposedLinear(linear)
-    assert layer.on_kernel()
-    x = torch.randn(rows, in_features)
-    got = layer(x)
-    want = (x.double() @ linear.weight.double().T + linear.bias.double()).float()
-    assert got.shape == (rows, out_features)
-    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    assert assert_computes_the_product(TransposedLinear, rows, out_features, in_features).on_kernel()
 
 
 @needs_kernel

@@ -25,10 +25,12 @@
 #pragma once
 #include <stdint.h>
 
+/* A float32 product's operands, for this kernel and _transposed_matmul.h's: the weight is [N, K] here (nn.Linear's
+ * layout) and [K, N] there. */
 typedef struct {
     float *out;        /* [M, N] */
     const float *x;    /* [M, K] */
-    const float *w;    /* [N, K] */
+    const float *w;    /* [N, K] here, [K, N] for the transposed kernel */
     int64_t m, n, k;
 } FloatMatmul;
 

@@ -431,18 +431,25 @@ static void (*float_rows(void))(const FloatMatmul *, int64_t, int64_t) {
 
 static int float_kernel_runs(void) { return float_rows() != NULL; }
 
-static PyObject *float_matmul(PyObject *self, PyObject *args) {
+/* A float32 entry point's arguments (out, x, weight, m, n, k: pointers as ints) into `mm`; 0 with the Python error
+ * set when they do not parse or the CPU does not run the kernel (`runs`), named by `needs`. */
+static int float_operands(PyObject *args, FloatMatmul *mm, int runs, const char *needs) {
     Py_ssize_t out, x, weight;
-    FloatMatmul mm;
-    if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight, &mm.m, &mm.n, &mm.k)) return NULL;
-    if (!float_kernel_runs()) {
-        PyErr_SetString(PyExc_RuntimeError, "the float32 kernel needs AVX2 and FMA");
-        return NULL;
+    if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight, &mm->m, &mm->n, &mm->k)) return 0;
+    if (!runs) {
+        PyErr_SetString(PyExc_RuntimeError, needs);
+        return 0;
     }
+    mm->out = (float *)out;
+    mm->x = (const float *)x;
+    mm->w = (const float *)weight;
+    return 1;
+}
+
+static PyObject *float_matmul(PyObject *self, PyObject *args) {
+    FloatMatmul mm;
+    if (!float_operands(args, &mm, float_kernel_runs(), "the float32 kernel needs AVX2 and FMA")) return NULL;
 #ifdef FLOAT_MATMUL_X86
-    mm.out = (float *)out;
-    mm.x = (const float *)x;
-    mm.w = (const float *)weight;
     Py_BEGIN_ALLOW_THREADS;
     int64_t rows = mm.n / ((int64_t)pool.threads * 8) / 24 * 24;
     FloatChunks chunks = {&mm, rows < 24 ? 24 : rows, float_rows()};
@@ -465,17 +472,10 @@ static int transposed_kernel_runs(void) {
 
 /* On the calling thread, with the GIL held: the call is a few microseconds (_transposed_matmul.h). */
 static PyObject *transposed_matmul(PyObject *self, PyObject *args) {
-    Py_ssize_t out, x, weight_t;
-    TransposedMatmul mm;
-    if (!PyArg_ParseTuple(args, "nnnLLL", &out, &x, &weight_t, &mm.m, &mm.n, &mm.k)) return NULL;
-    if (!transposed_kernel_runs()) {
-        PyErr_SetString(PyExc_RuntimeError, "the transposed float32 kernel needs AVX2 and FMA");
+    FloatMatmul mm;
+    if (!float_operands(args, &mm, transposed_kernel_runs(), "the transposed float32 kernel needs AVX2 and FMA"))
         return NULL;
-    }
 #ifdef TRANSPOSED_MATMUL_X86
-    mm.out = (float *)out;
-    mm.x = (const float *)x;
-    mm.w_t = (const float *)weight_t;
     transposed_matmul_avx2(&mm);
 #endif
     Py_RETURN_NONE;

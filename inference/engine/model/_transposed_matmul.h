@@ -12,26 +12,18 @@
  * (transformer.py's transposed_product).
  */
 #pragma once
-#include <stdint.h>
-
-typedef struct {
-    float *out;        /* [M, N] */
-    const float *x;    /* [M, K] */
-    const float *w_t;  /* [K, N] */
-    int64_t m, n, k;
-} TransposedMatmul;
+#include "_float_matmul.h" /* FloatMatmul: the operands, here with w [K, N] */
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #define TRANSPOSED_MATMUL_X86 1
 
 /* out[m0 .. m0 + RM, n0 .. n0 + 16); with MASKED, only the lanes of `mask0` and `mask1`, for the last outputs of a
  * row that ends mid-vector (a masked load costs more than a plain one, so full bands do without). */
 __attribute__((target("avx2,fma"), always_inline)) static inline void transposed_tile_avx2(
-    const TransposedMatmul *mm, int64_t m0, int64_t n0, const int RM, const int MASKED, __m256i mask0, __m256i mask1) {
+    const FloatMatmul *mm, int64_t m0, int64_t n0, const int RM, const int MASKED, __m256i mask0, __m256i mask1) {
     __m256 acc[4][2];
     for (int r = 0; r < RM; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const float *w = mm->w_t + n0;
+    const float *w = mm->w + n0;
     for (int64_t j = 0; j < mm->k; j++, w += mm->n) {
         const __m256 w0 = MASKED ? _mm256_maskload_ps(w, mask0) : _mm256_loadu_ps(w);
         const __m256 w1 = MASKED ? _mm256_maskload_ps(w + 8, mask1) : _mm256_loadu_ps(w + 8);
@@ -56,7 +48,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void transposed
 /* Every four activation rows against one band of 16 outputs (its weight columns, K x 64 bytes, stay in L1). */
 #define TRANSPOSED_BAND(MASKED)                                                                                    \
     __attribute__((target("avx2,fma"))) static void transposed_band_avx2_##MASKED(                                \
-        const TransposedMatmul *mm, int64_t n0, __m256i mask0, __m256i mask1) {                                    \
+        const FloatMatmul *mm, int64_t n0, __m256i mask0, __m256i mask1) {                                    \
         int64_t m0 = 0;                                                                                            \
         for (; m0 + 4 <= mm->m; m0 += 4) transposed_tile_avx2(mm, m0, n0, 4, MASKED, mask0, mask1);               \
         switch (mm->m - m0) {                                                                                      \
@@ -75,7 +67,7 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i first_lanes
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-__attribute__((target("avx2,fma"))) static void transposed_matmul_avx2(const TransposedMatmul *mm) {
+__attribute__((target("avx2,fma"))) static void transposed_matmul_avx2(const FloatMatmul *mm) {
     const __m256i all = _mm256_set1_epi32(-1);
     int64_t n0 = 0;
     for (; n0 + 16 <= mm->n; n0 += 16) transposed_band_avx2_0(mm, n0, all, all);
