@@ -12,6 +12,7 @@ import signal
 import torch
 import zmq
 
+from inference.engine.contract.io_threads import batch_io_threads
 from inference.engine.worker import HEARTBEAT_INTERVAL, Worker
 
 
@@ -33,7 +34,7 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
           threads: int | None = None, freeze_heap: bool = False) -> None:  # fmt: skip
     """Connects to the control plane and runs the worker loop until SHUTDOWN (or SIGTERM, in a process);
     `freeze_heap` when the worker owns its process (Worker says why)."""
-    context = context or zmq.Context.instance()
+    context = context or batch_io_threads(zmq.Context.instance())
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.IDENTITY, identity.encode())
     socket.setsockopt(zmq.SNDHWM, 0)  # never block the loop on a slow control plane: queue instead

@@ -33,6 +33,7 @@ import zmq
 import zmq.asyncio
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.io_threads import batch_io_threads
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
@@ -131,7 +132,7 @@ class ZmqEngineClient:
     def __init__(self, endpoint: str | None = None, *, context: zmq.asyncio.Context | None = None):
         self._tmpdir = None if endpoint else tempfile.mkdtemp(prefix="pantheon-")
         self.endpoint = endpoint or f"ipc://{self._tmpdir}/workers.sock"
-        self._context = context or zmq.asyncio.Context.instance()
+        self._context = context or batch_io_threads(zmq.asyncio.Context.instance())
         self._socket: zmq.asyncio.Socket | None = None
         self._receiver: asyncio.Task | None = None
         self._workers: dict[str, WorkerLink] = {}

@@ -16,6 +16,7 @@ import zmq
 import zmq.asyncio
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.io_threads import batch_io_threads
 from inference.runtime.engine_client import ZmqEngineClient
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ class InProcessEngineClient(ZmqEngineClient):
     tests that need no process. A worker thread that crashes is reported as lost like a dead process."""
 
     def __init__(self, devices: Iterable[str] = ("cpu",)):
-        self._sync_context = zmq.Context()
+        self._sync_context = batch_io_threads(zmq.Context())
         super().__init__(f"inproc://pantheon-workers-{uuid.uuid4().hex}",
                          context=zmq.asyncio.Context.shadow(self._sync_context.underlying))  # fmt: skip
         self.devices = list(devices)

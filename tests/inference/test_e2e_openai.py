@@ -2,7 +2,11 @@
 `manage.py serve` starts with a real worker process and loads it, and the `openai` package lists the model and gets
 a non-streaming and a streaming chat completion whose text is exactly the engine's own greedy output."""
 
+import os
+from pathlib import Path
+
 import openai
+import psutil
 import pytest
 
 from inference.engine.loaders.loading import load_model
@@ -148,3 +152,22 @@ def test_logprobs_tokens_spell_the_content_in_both_response_forms(client, refere
             assert tokens == (chunk.choices[0].delta.content or "")  # each chunk carries its own tokens
             streamed.append(tokens)
     assert "".join(streamed) == text
+
+
+def test_the_protocols_io_threads_never_preempt_the_loops_they_serve(client, server):
+    """Both ends of the worker protocol (the server, its worker process) run libzmq's I/O threads under SCHED_BATCH
+    (io_threads.py says why)."""
+    worker = next(c for c in psutil.Process(server.process.pid).children() if "worker_process" in " ".join(c.cmdline()))
+    for pid in (server.process.pid, worker.pid):
+        policies = io_thread_policies(pid)
+        assert policies and set(policies.values()) == {os.SCHED_BATCH}, (pid, policies)
+
+
+def io_thread_policies(pid: int) -> dict[str, int]:
+    """Thread id -> scheduling policy of each of the process's libzmq threads (named ZMQbg/...)."""
+    policies = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().startswith("ZMQbg/"):
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            policies[task.name] = int(fields[38])  # field 41 of proc_pid_stat(5), after pid and (comm)
+    return policies
