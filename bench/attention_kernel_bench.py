@@ -42,8 +42,8 @@ def step_inputs(rows: int, context: int, dtype: torch.dtype) -> tuple:
     layers = [tuple(torch.randn(HEADS, pool, BLOCK, HEAD_DIM).to(dtype) for _ in range(2)) for _ in range(LAYERS)]
     table = torch.arange(pool).view(blocks, rows).t().contiguous()
     lengths = torch.full((rows,), context + 1, dtype=torch.long)
-    write_rows = torch.tensor([int(table[b, context // BLOCK]) * BLOCK + context % BLOCK for b in range(rows)
-                               for _ in range(HEADS)])  # fmt: skip
+    write_rows = torch.tensor([(h * pool + int(table[b, context // BLOCK])) * BLOCK + context % BLOCK
+                               for b in range(rows) for h in range(HEADS)])  # fmt: skip
     qkv = torch.randn(rows, 3 * HEADS, HEAD_DIM)
     return layers, qkv, torch.ones(rows, HEAD_DIM), torch.zeros(rows, HEAD_DIM), write_rows, table, lengths
 

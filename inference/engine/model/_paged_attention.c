@@ -15,7 +15,10 @@
  * block_size, D] in float32, float16 or bfloat16; table [B, table_width] int64 block ids; lengths [B] int64, the
  * positions [0, length) each row attends to, the new one included.
  *
- * The (row, kv head) pairs are shared out, with the GIL released, in chunks on the matmul kernels' elastic pool
+ * The (row, kv head) pairs are walked kv head by kv head, each head's rows in turn: a head's keys (and values) lie
+ * in one region of its pool, and a row's blocks mostly follow the previous row's (a prompt's blocks are taken in
+ * order), so the walk reads a few long runs of memory instead of a short run per pair (docs/performance.md). They
+ * are shared out, with the GIL released, in chunks on the matmul kernels' elastic pool
  * (_pool_run.h; the `_matmul` extension owns it), so the step's matmuls and its attention use the same few threads
  * and a preempted one holds back only its chunk (docs/performance.md); a chunk has its own scratch area. A pair
  * writes and reads only its own row's keys and values, so no thread waits on another. Where `_matmul` was not
@@ -184,6 +187,9 @@ static void block_accumulate(const float *weights, const float *v, int64_t held,
     }
 }
 
+/* The (row, kv head) pair (b * kv_heads + h: how write_rows and out are laid out) at step i of the walk. */
+static inline int64_t walk_pair(const Work *w, int64_t i) { return (i % w->rows) * w->kv_heads + i / w->rows; }
+
 /* Where the keys of a (row, kv head) pair's first block start, in elements. */
 static inline int64_t first_key_block(const Work *w, int64_t pair) {
     const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads;
@@ -226,19 +232,20 @@ static void rotate_and_store(const Work *w, int64_t pair, float *q, float *key) 
 
 /* Where the vector path's prefetching has got to in the stream it reads from a chunk's first pair on: a pair's keys
  * piece by piece (positions [j * block_size + t, + 8) of kv head h of row b), then its values, then the next
- * pair's keys, and so on. Moved on one piece per piece read, it stays PIECES_AHEAD ahead without a division. */
+ * pair's keys, and so on. Moved on one piece per piece read, it stays PIECES_AHEAD ahead without a division.
+ * `step` is the pair's step of the walk. */
 typedef struct {
-    int64_t pair, b, h, j, t, length;
+    int64_t step, b, h, j, t, length;
     int values;
 } Ahead;
 
-static inline void ahead_start(const Work *w, Ahead *a, int64_t pair) {
-    *a = (Ahead){pair, pair / w->kv_heads, pair % w->kv_heads, 0, 0, w->lengths[pair / w->kv_heads], 0};
+static inline void ahead_start(const Work *w, Ahead *a, int64_t step) {
+    *a = (Ahead){step, step % w->rows, step / w->rows, 0, 0, w->lengths[step % w->rows], 0};
 }
 
-/* Asks for the piece under `a` (nothing from pair `last` on) and moves it on by one piece. */
+/* Asks for the piece under `a` (nothing from step `last` of the walk on) and moves it on by one piece. */
 static inline void ahead_fetch(const Work *w, Ahead *a, int64_t last, int64_t element) {
-    if (a->pair >= last) return;
+    if (a->step >= last) return;
     const int64_t bs = w->block_size, n = bs - a->t < 8 ? bs - a->t : 8;
     const char *pool = a->values ? (const char *)w->values : (const char *)w->keys;
     const int64_t block = w->table[a->b * w->table_width + a->j];
@@ -254,8 +261,8 @@ static inline void ahead_fetch(const Work *w, Ahead *a, int64_t last, int64_t el
         return;
     }
     a->values = 0;
-    if (++a->pair >= last) return;
-    if (++a->h == w->kv_heads) a->h = 0, a->b++;
+    if (++a->step >= last) return;
+    if (++a->b == w->rows) a->b = 0, a->h++;
     a->length = w->lengths[a->b];
 }
 
@@ -268,7 +275,8 @@ static inline int64_t score_stride(int64_t length) { return (length + 15) / 8 * 
 static int vector_attend = 0;
 
 /* One pair through _attend_avx2.h: its keys in eight-position pieces into `scores` [G, score_stride], the softmax,
- * then its values in the same pieces, asking for a piece `ahead` of them (up to pair `last`) as each is read.
+ * then its values in the same pieces, asking for a piece `ahead` of them (up to step `last` of the walk) as each is
+ * read.
  * `totals` has room for G floats. */
 ATTEND_INLINE void attend_pair_vector(const Work *w, int64_t pair, int64_t last, Ahead *ahead, float *q,
                                       float *scores, float *totals, const int kv_dtype) {
@@ -314,7 +322,7 @@ ATTEND_PAIR(attend_pair_float16, KV_FLOAT16)
 ATTEND_PAIR(attend_pair_bfloat16, KV_BFLOAT16)
 #endif
 
-/* Pairs [first, last) of the step. `scores` has room for score_stride(the longest row's length) floats per query
+/* Steps [first, last) of the walk. `scores` has room for score_stride(the longest row's length) floats per query
  * head, `rows` for one block as float32, `q` for the pair's rotated query heads and one rotated key. */
 static void attend(const Work *w, int64_t first, int64_t last, float *scores, float *rows, float *q) {
     const int64_t dim = w->dim, group = w->group, bs = w->block_size;
@@ -326,8 +334,8 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
         for (int i = 0; i < PIECES_AHEAD; i++) ahead_fetch(w, &ahead, last, element);
     }
 #endif
-    for (int64_t pair = first; pair < last; pair++) {
-        const int64_t b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
+    for (int64_t step = first; step < last; step++) {
+        const int64_t pair = walk_pair(w, step), b = step % w->rows, h = step / w->rows, length = w->lengths[b];
         rotate_and_store(w, pair, q, q + group * dim);
 #ifdef ATTEND_AVX2
         if (vector_attend && dim % 8 == 0) { /* the room for a widened block holds the heads' sums */
@@ -359,8 +367,8 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
             const int64_t held = length - start < bs ? length - start : bs;
             if (start + bs < length)
                 prefetch_block(w->values, (head_base + blocks[j + 1] * bs) * dim, block_bytes, element);
-            else if (pair + 1 < last) /* the next pair's first key block */
-                prefetch_block(w->keys, first_key_block(w, pair + 1), block_bytes, element);
+            else if (step + 1 < last) /* the next pair's first key block */
+                prefetch_block(w->keys, first_key_block(w, walk_pair(w, step + 1)), block_bytes, element);
             const float *v = block_rows(w->values, w->kv_dtype, (head_base + blocks[j] * bs) * dim, held * dim, rows);
             for (int64_t g = 0; g < group; g++)
                 block_accumulate(scores + g * length + start, v, held, dim, out + g * dim);
