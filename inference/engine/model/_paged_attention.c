@@ -335,7 +335,7 @@ static void attend(const Work *w, int64_t first, int64_t last, float *scores, fl
     }
 #endif
     for (int64_t step = first; step < last; step++) {
-        const int64_t pair = walk_pair(w, step), b = step % w->rows, h = step / w->rows, length = w->lengths[b];
+        const int64_t pair = walk_pair(w, step), b = pair / w->kv_heads, h = pair % w->kv_heads, length = w->lengths[b];
         rotate_and_store(w, pair, q, q + group * dim);
 #ifdef ATTEND_AVX2
         if (vector_attend && dim % 8 == 0) { /* the room for a widened block holds the heads' sums */
