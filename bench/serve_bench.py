@@ -259,6 +259,14 @@ def main() -> None:
     parser.add_argument("--kv-dtype", default="", help="the load option kv_dtype (empty: the weights' dtype)")
     parser.add_argument("--openai", help="another OpenAI-compatible server, serving the one model --only names")
     parser.add_argument("--pid", type=int, help="with --openai: the process whose resident memory is reported")
+    parser.add_argument(
+        "--gguf",
+        action="append",
+        default=[],
+        type=Path,
+        help="another GGUF file of the random 85M model to serve, named by its stem (a K-quant that llama.cpp's "
+        "llama-quantize wrote: the gguf package cannot write those); repeatable",
+    )
     args = parser.parse_args()
     streams = [int(n) for n in args.streams.split(",")]
     stories_gguf = args.models / "stories260K.gguf"
@@ -270,6 +278,7 @@ def main() -> None:
     for qtype in ("Q8_0", "Q4_0"):
         path = write_quantized_gguf(args.models / "stories260K-hf", stories_gguf, qtype)
         models.append((f"random85m-{qtype}", path, 64, 256, True))
+    models += [(path.stem, path, 64, 256, True) for path in args.gguf]
     if args.only:
         models = [m for m in models if m[0] in args.only.split(",")]
 

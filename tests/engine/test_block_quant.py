@@ -1,7 +1,7 @@
 """The block kernel (model/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
-their float32 expansion, and the kernel's products are the exact block sums of the quantized activations and
-weights, for either format, any number of rows and output features (its tiles of 4 x 2 and 1 x 4 and every
-remainder), on every implementation the CPU runs."""
+their float32 expansion, a Q4_K or Q6_K file's from its bytes, and the kernel's products are the exact block sums of the
+quantized activations and weights, for each format, any number of rows and output features (its tiles of 4 x 2 and
+1 x 4 and every remainder), on every implementation the CPU runs."""
 
 import gguf
 import numpy as np
@@ -9,16 +9,24 @@ import pytest
 import torch
 from torch import nn
 
+from inference.engine.loaders.gguf_dequant import dequantize
 from inference.engine.model.block_quant import (
     BLOCK,
     KERNEL,
     Q4_0Linear,
+    Q4_KLinear,
+    Q6_KLinear,
     Q8_0Linear,
     decode_q4_0,
+    decode_q4_k,
+    decode_q6_k,
     decode_q8_0,
     encode_q4_0,
+    encode_q4_k,
+    encode_q6_k,
     encode_q8_0,
 )
+from tests.engine.test_gguf_quant import encode as random_blocks
 
 Q = gguf.GGMLQuantizationType
 FORMATS = {
@@ -91,6 +99,49 @@ def test_the_kernel_computes_the_quantized_product(kernel: str, name: str, rows:
     # and close to the float product: the activations' 8 bits are the only rounding
     exact = x @ weight.T + linear.bias.detach()
     assert (got - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+# The K-quants kept from the file's bytes: (layer, encode, decode, code bytes per value, scale bytes per super-block,
+# the super-block scales that put random blocks at a trained model's scale).
+K_FORMATS = {
+    "Q4_K": (Q4_KLinear, encode_q4_k, decode_q4_k, 0.5, 24, (1e-4, 4e-4)),
+    "Q6_K": (Q6_KLinear, encode_q6_k, decode_q6_k, 1, 20, (6.2e-5, 1.2e-4)),
+}
+
+
+def _k_file(name: str, seed: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random bytes of a K-quant tensor [rows, bytes per row] and their float32 expansion."""
+    qtype = Q[name]
+    blocks, _ = random_blocks(np.random.default_rng(seed), qtype, (rows, cols), K_FORMATS[name][5])
+    return torch.from_numpy(blocks).reshape(rows, -1), dequantize(blocks, qtype, (rows, cols))
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+def test_k_quant_bytes_give_the_files_expansion_exactly(name: str):
+    _, encode, decode, code_bytes, scale_bytes, _ = K_FORMATS[name]
+    stored, weight = _k_file(name, 0, 48, 512)
+    codes, scales = encode(stored)
+    assert codes.shape == (48, int(512 * code_bytes))
+    assert scales.shape == (48, 2, scale_bytes)  # per super-block: Q4_K's d, dmin, scales, mins; Q6_K's d, scales
+    assert torch.equal(decode(codes, scales), weight)
+
+
+@pytest.mark.parametrize("name", K_FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("out_features", [6, 8, 13])
+def test_the_kernel_computes_the_k_quant_product(kernel: str, name: str, rows: int, out_features: int):
+    torch.manual_seed(rows * 100 + out_features)
+    stored, weight = _k_file(name, out_features, out_features, 768)
+    linear = nn.Linear(768, out_features, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    layer = K_FORMATS[name][0](linear, stored)
+    x = torch.randn(rows, 768)
+    x[0, :BLOCK] = 0
+    got = layer(x)
+    want = _reference(x, weight) + linear.bias.detach()
+    assert got.shape == (rows, out_features)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("layer_class", [Q4_0Linear, Q8_0Linear])

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
-from inference.engine.model.block_quant import Q4_0Linear, Q8_0Linear
+from inference.engine.model.block_quant import Q4_0Linear, Q4_KLinear, Q6_KLinear, Q8_0Linear
 from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
 from inference.engine.model.quantize import DynamicInt8Linear
 from inference.engine.model.runner import ModelRunner
@@ -38,14 +38,17 @@ VOCAB_ROWS = ("token_embd.weight", "output.weight")
 WIDE_MATRICES = {name: (512 if name in VOCAB_ROWS else 2 * rows, 2 * cols) for name, (rows, cols) in MATRICES.items()}
 WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
-# max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0, q8_0: the
-# file's blocks, activations quantized to 8 bits per 32 values (model/block_quant.py); int4: the bfloat16 rounding
-# of activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per
-# output channel and the activations per call (7 bits on a CPU without VNNI, model/quantize.py).
-# docs/quantized-weights.md lists what was measured.
+# max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0, q8_0,
+# q4_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values (model/block_quant.py); q8_0
+# of a K-quant: its expansion re-encoded as Q8_0 blocks; int4: the bfloat16 rounding of activations, scales and zeros
+# (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per output channel and the activations
+# per call (7 bits on a CPU without VNNI, model/quantize.py). docs/quantized-weights.md lists what was measured.
 TOLERANCE = {
     ("q4_0", "Q4_0"): 0.02,
     ("q8_0", "Q8_0"): 0.02,
+    ("q4_k", "Q4_K"): 0.02,
+    ("q6_k", "Q6_K"): 0.05,  # the file's weights: what is left is the activations' 8 bits, which this model amplifies
+    ("q8_0", "Q5_K"): 0.02,
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
     ("int8", "Q4_0"): 0.1,
@@ -54,7 +57,14 @@ TOLERANCE = {
     ("int8", "Q6_K"): 0.2,
     ("int8", "Q8_0"): 0.1,
 }
-LAYER_CLASS = {"q4_0": Q4_0Linear, "q8_0": Q8_0Linear, "int4": Int4Linear, "int8": DynamicInt8Linear}
+LAYER_CLASS = {
+    "q4_0": Q4_0Linear,
+    "q8_0": Q8_0Linear,
+    "q4_k": Q4_KLinear,
+    "q6_k": Q6_KLinear,
+    "int4": Int4Linear,
+    "int8": DynamicInt8Linear,
+}
 
 
 def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
@@ -63,9 +73,12 @@ def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
 
 
 def _keep(path: Path, form: str) -> KeepQuantized:
-    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "int4" or "int8") on any CPU."""
-    stored = {n: t for n, t in read_gguf(path).tensor_types.items() if t in QUANTIZED_TYPES}
-    return KeepQuantized(stored, block_kernel=form in ("q4_0", "q8_0"), int4_kernel=form == "int4")
+    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q6_k", "int4" or "int8") on any
+    CPU."""
+    checkpoint = read_gguf(path)
+    stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
+    block_kernel = form in ("q4_0", "q8_0", "q4_k", "q6_k")
+    return KeepQuantized(stored, checkpoint.file_bytes, block_kernel=block_kernel, int4_kernel=form == "int4")
 
 
 def _logits(model: Transformer) -> list[torch.Tensor]:

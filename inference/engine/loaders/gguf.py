@@ -2,7 +2,8 @@
 
 Three things differ from a Hugging Face checkpoint and are undone here:
 - names: `blk.N.attn_q.weight` and friends become `model.layers.N.self_attn.q_proj.weight` and friends;
-- layout: quantized blocks are dequantized, and ggml shapes (ne0, the input dim, first) become torch [out, in];
+- layout: quantized blocks are dequantized (Q4_K and Q6_K tensors' bytes are kept as well, for the layers that keep them
+  in memory), and ggml shapes (ne0, the input dim, first) become torch [out, in];
 - RoPE order: llama.cpp's `llama` architecture rotates adjacent pairs, so its converter stores q/k rows in Meta's
   interleaved order; the model rotates halves (HF `rotate_half`), so llama q/k rows are permuted back. qwen2 and
   qwen3 GGUFs already use the half-split (NEOX) order and are taken as stored.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
 
 from inference.engine.contract.checkpoint import GGUF_MAGIC
@@ -26,6 +28,7 @@ from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_
 from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
+from inference.engine.model.stored_quant import FILE_BYTES_TYPES
 from inference.engine.model.transformer import expected_hf_shapes
 
 _TOP_LEVEL_NAMES = {
@@ -53,6 +56,9 @@ class GGUFCheckpoint:
     tensors: dict[str, torch.Tensor]  # Hugging Face names, float32 on CPU, q/k in rotate_half layout
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
     tensor_types: dict[str, str]  # each tensor's ggml type name in the file ("F32", "Q8_0", "Q4_K", ...), by HF name
+    # The file's bytes [rows, bytes per row] of each tensor of a type in FILE_BYTES_TYPES, rows in the floats' order:
+    # layers that keep such a type in memory are made from them (model/block_quant.py).
+    file_bytes: dict[str, torch.Tensor]
 
 
 def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFCheckpoint:
@@ -78,14 +84,19 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
             raise LoadError(path, f"unexpected tensor {name}: the metadata describes a model without it")
     progress = progress or ReadProgress()
     progress.expect(len(hf_to_gguf), sum(int(by_name[name].n_bytes) for name in hf_to_gguf.values()))
-    tensors = {}
+    tensors, file_bytes = {}, {}
     for hf_name, name in hf_to_gguf.items():
-        tensors[hf_name] = _decode(path, by_name[name], expected[hf_name])
-        progress.read(int(by_name[name].n_bytes))
+        tensor = by_name[name]
+        tensors[hf_name] = _decode(path, tensor, expected[hf_name])
+        if tensor.tensor_type.name in FILE_BYTES_TYPES:
+            rows = torch.from_numpy(np.array(tensor.data)).view(torch.uint8)
+            file_bytes[hf_name] = rows.reshape(expected[hf_name][0], -1)
+        progress.read(int(tensor.n_bytes))
     if config.architecture == "llama":
         _permute_qk_to_rotate_half(tensors, config)
+        _permute_qk_to_rotate_half(file_bytes, config)
     types = {hf_name: by_name[name].tensor_type.name for hf_name, name in hf_to_gguf.items()}
-    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader, tensor_types=types)
+    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader, tensor_types=types, file_bytes=file_bytes)
 
 
 def read_gguf_config(path: str | Path) -> ModelConfig:

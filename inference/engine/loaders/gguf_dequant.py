@@ -51,7 +51,7 @@ def _dequant_q4_0(blocks: torch.Tensor) -> torch.Tensor:
     return d * q.float()
 
 
-def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # packed: [N, 12] uint8 -> (scales [N, 8], mins [N, 8]) as float32.
     # Bytes 0-3: low 6 bits = scale of sub-blocks 0-3, top 2 bits = bits 4-5 of scale 4-7.
     # Bytes 4-7: the same for the mins. Bytes 8-11: low nibble = bits 0-3 of scale 4-7, high nibble = of min 4-7.
@@ -61,7 +61,7 @@ def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales.float(), mins.float()
 
 
-def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
+def k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
     # qs: [N, 128] uint8 -> [N, 8, 32] values 0..15, sub-block 2g from group g's low nibbles, 2g+1 from its high ones
     groups = qs.reshape(-1, 4, 1, 32)
     return torch.cat([groups & 0x0F, groups >> 4], dim=2).reshape(-1, 8, 32)
@@ -70,8 +70,8 @@ def _k_low_nibbles(qs: torch.Tensor) -> torch.Tensor:
 def _dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     # blocks: [N, 144] uint8 -> [N, 256]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    scales, mins = _k_scales_mins(blocks[:, 4:16])
-    q = _k_low_nibbles(blocks[:, 16:144]).float()
+    scales, mins = k_scales_mins(blocks[:, 4:16])
+    q = k_low_nibbles(blocks[:, 16:144]).float()
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1, 256)
 
 
@@ -81,26 +81,31 @@ _BIT_OF_SUBBLOCK = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
 def _dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     # blocks: [N, 176] uint8 -> [N, 256]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
-    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    scales, mins = k_scales_mins(blocks[:, 4:16])
     high = (blocks[:, None, 16:48] >> _BIT_OF_SUBBLOCK) & 1  # [N, 8, 32]
-    q = (_k_low_nibbles(blocks[:, 48:176]) | (high << 4)).float()
+    q = (k_low_nibbles(blocks[:, 48:176]) | (high << 4)).float()
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1, 256)
 
 
 _Q6_HIGH_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
 
 
-def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    # blocks: [N, 210] uint8 -> [N, 256]
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K super-blocks [N, 210] taken apart: the values' codes minus 32, int8 [N, 16, 16] (16 values for each of
+    the 16 scales), the scales int8 [N, 16] and d float32 [N, 1]."""
     # Within each 128-value half, value 32k + l takes: nibble (k // 2) of low byte 32 * (k % 2) + l, and bits
     # 2k..2k+1 of high byte l.
     low_bytes = blocks[:, 0:128].reshape(-1, 2, 1, 64)
     low = torch.cat([low_bytes & 0x0F, low_bytes >> 4], dim=2).reshape(-1, 2, 4, 32)
     high = (blocks[:, 128:192].reshape(-1, 2, 1, 32) >> _Q6_HIGH_SHIFTS) & 0x03  # [N, 2, 4, 32]
-    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 16, 16).float()
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
-    d = _f16(blocks[:, 208:210])
-    return ((d * scales)[:, :, None] * q).reshape(-1, 256)
+    q = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 16, 16)
+    return q, blocks[:, 192:208].contiguous().view(torch.int8), _f16(blocks[:, 208:210])
+
+
+def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 210] uint8 -> [N, 256]
+    q, scales, d = q6_k_parts(blocks)
+    return ((d * scales.float())[:, :, None] * q.float()).reshape(-1, 256)
 
 
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -19,7 +19,7 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.model.block_quant import Q4_0Linear, Q8_0Linear
+from inference.engine.model.block_quant import Q4_0Linear, Q4_KLinear, Q6_KLinear, Q8_0Linear
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.int4 import Int4Linear
 from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -90,7 +90,7 @@ def load_model(
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
         tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
         stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
-        keep = KeepQuantized(stored) if automatic_dtype and stored else None
+        keep = KeepQuantized(stored, checkpoint.file_bytes) if automatic_dtype and stored else None
 
     context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
     if context > config.context_limit:
@@ -99,7 +99,7 @@ def load_model(
         config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable,
         keep=keep,
     )  # fmt: skip
-    del tensors, checkpoint
+    del tensors, checkpoint, keep  # the file's bytes that Q4_K layers were made from go too
     return_freed_memory()
     eos = [*config.eos_token_ids, *extra_eos]
     if tokenizer.eos_token_id is not None:
@@ -172,14 +172,19 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
 
 
 def linear_formats(model: torch.nn.Module) -> dict[str, int]:
-    """How many linear layers keep their weights in each in-memory format: "q4_0", "q8_0" (model/block_quant.py),
-    "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype ("float32", "bfloat16", "float16")."""
+    """How many linear layers keep their weights in each in-memory format: "q4_0", "q8_0", "q4_k", "q6_k"
+    (model/block_quant.py), "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype
+    ("float32", "bfloat16", "float16")."""
     counts: dict[str, int] = {}
     for module in model.modules():
         if isinstance(module, Q4_0Linear):
             kind = "q4_0"
         elif isinstance(module, Q8_0Linear):
             kind = "q8_0"
+        elif isinstance(module, Q4_KLinear):
+            kind = "q4_k"
+        elif isinstance(module, Q6_KLinear):
+            kind = "q6_k"
         elif isinstance(module, Int4Linear):
             kind = "int4"
         elif isinstance(module, DynamicInt8Linear | WeightOnlyInt8Linear):

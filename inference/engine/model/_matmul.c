@@ -1,7 +1,8 @@
 /* The linear layers' C kernels (CPU), sharing one elastic pool of threads: float32 weights (_float_matmul.h,
- * transformer.py's FloatLinear) and, below, GGUF Q4_0 or Q8_0 blocks.
+ * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q8_0, Q4_K or Q6_K blocks.
  *
- * Matmul of float32 activations with Q4_0- or Q8_0-quantized weights (block_quant.py): out[M, N] = x[M, K] @ W[N, K]^T.
+ * Matmul of float32 activations with Q4_0-, Q8_0-, Q4_K- or Q6_K-quantized weights (block_quant.py):
+ * out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
  * 4-bit codes c (value = (c - 8) * d), two to a byte. Each call quantizes the activations to 8 bits with one scale
@@ -17,6 +18,18 @@
  * Q8_0 blocks (34 bytes per 32 values in the file: a float16 scale and 32 signed 8-bit codes) are kept as signed
  * codes [N, K] and scales [N, K/32]. Their block sums use the sign trick of the byte multiply-adds: |w| (unsigned)
  * times x carrying w's sign, so no offset is subtracted; |w| <= 128 keeps AVX2's pair sums under 2 * 128 * 127.
+ *
+ * Q4_K super-blocks (144 bytes per 256 values in the file) keep their 4-bit codes q (0..15) packed as Q4_0's, and
+ * per super-block a KScales: the float16 d and dmin as float32 and the eight 6-bit (scale, min) pairs as bytes, so
+ * block j's value is d * scale_j * q - dmin * min_j, as the file expands (both products are exact in float32). A
+ * block's product is then xd * (d * scale_j * sum(q * x) - dmin * min_j * sum(x)): the codes' integer sum as for
+ * Q4_0 (no offset), and sum(x) from the activations' block sums, in float once per 8 blocks.
+ *
+ * Q6_K super-blocks (210 bytes per 256 values in the file: 6-bit codes q, a signed 8-bit scale per 16 values and a
+ * float16 d) keep their codes as signed bytes q - 32 laid out as Q8_0's, and per super-block a Q6Scales: d as float32
+ * and each block's two scales (its first and its second 16 values), so the value is d * scale * (q - 32), as the file
+ * expands. A block's two halves are summed apart (the first four of its code vectors hold the first half) and scaled
+ * in float.
  *
  * Layout: a row's K values are cut into super-blocks of 8 blocks (256 values), and a super-block's codes are seen as
  * 8 vectors of 32 bytes, vector g holding values 4g .. 4g + 3 of each of the 8 blocks (block j in bytes
@@ -48,7 +61,19 @@
 #define SUPER 256 /* values per super-block: 8 blocks */
 #define ROWS_PER_TILE 4
 
-enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1 };
+enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3 };
+
+/* A Q4_K super-block's scales (24 bytes; block_quant.py writes them). */
+typedef struct {
+    float d, dmin;
+    uint8_t scales[8], mins[8];
+} KScales;
+
+/* A Q6_K super-block's scales (20 bytes; block_quant.py writes them): block j's first 16 values take first[j]. */
+typedef struct {
+    float d;
+    int8_t first[8], second[8];
+} Q6Scales;
 
 typedef struct {
     float *out;            /* [M, N] */
@@ -56,9 +81,12 @@ typedef struct {
     const float *xd;       /* [M, K/32] activation scales */
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
     const uint8_t *codes;  /* Q4_0: uint8 [N, K/2]; Q8_0: int8 [N, K]; interleaved */
-    const uint16_t *wd;    /* [N, K/32] weight scales, float16 */
+    const uint16_t *wd;    /* Q4_0, Q8_0: [N, K/32] weight scales, float16 */
+    const KScales *ks;     /* Q4_K: [N, K/256] */
+    const Q6Scales *q6;    /* Q6_K: [N, K/256] */
     int64_t m, n, k;
     int64_t row_bytes;     /* bytes of one weight row's codes */
+    int64_t scale_bytes;   /* bytes of one weight row's scales */
     int format;
 } Matmul;
 
@@ -90,19 +118,30 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
         for (int64_t m = 0; m < mm->m; m++) {
             float total = 0.0f;
             for (int64_t s = 0; s < supers; s++) {
-                int32_t sums[8];
-                const int q8 = mm->format == FORMAT_Q8_0;
-                for (int j = 0; j < 8; j++) sums[j] = q8 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
+                int32_t sums[8], second[8] = {0}; /* Q6_K: the blocks' first and second halves apart */
+                const int k4 = mm->format == FORMAT_Q4_K, k6 = mm->format == FORMAT_Q6_K;
+                const int q8 = mm->format == FORMAT_Q8_0 || k6;
+                for (int j = 0; j < 8; j++) sums[j] = q8 || k4 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
                 const uint8_t *codes = mm->codes + n * mm->row_bytes + s * (q8 ? SUPER : SUPER / 2);
                 const int8_t *x = mm->xq + m * mm->k + s * SUPER;
                 for (int g = 0; g < 8; g++)
                     for (int p = 0; p < BLOCK; p++) {
                         const uint8_t byte = codes[(q8 ? g : g % 4) * BLOCK + p];
                         const int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
-                        sums[p / 4] += w * x[g * BLOCK + p];
+                        (k6 && g >= 4 ? second : sums)[p / 4] += w * x[g * BLOCK + p];
                     }
-                for (int j = 0; j < 8; j++)
-                    total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * mm->xd[m * blocks + s * 8 + j]);
+                for (int j = 0; j < 8; j++) {
+                    const float xd = mm->xd[m * blocks + s * 8 + j];
+                    if (k4) {
+                        const KScales *ks = mm->ks + n * supers + s;
+                        const float x_sum = (float)(mm->xsum8[m * blocks + s * 8 + j] / 8);
+                        total += xd * (ks->d * ks->scales[j] * (float)sums[j] - ks->dmin * ks->mins[j] * x_sum);
+                    } else if (k6) {
+                        const Q6Scales *q6 = mm->q6 + n * supers + s;
+                        total += xd * (q6->d * q6->first[j] * (float)sums[j] + q6->d * q6->second[j] * (float)second[j]);
+                    } else
+                        total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * xd);
+                }
             }
             mm->out[m * mm->n + n] = total;
         }
@@ -183,19 +222,21 @@ __attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_signe
  * L1, where they pushed out the activations (docs/performance.md). */
 #define PREFETCH_ROWS 8
 static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
-    const int64_t row_bytes = mm->row_bytes, blocks = mm->k / BLOCK;
+    const int64_t row_bytes = mm->row_bytes, scale_bytes = mm->scale_bytes;
     const int64_t first = n0 + PREFETCH_ROWS, last = first + RN < mm->n ? first + RN : mm->n;
     if (first >= last) return;
     const char *codes = (const char *)mm->codes + first * row_bytes;
     for (int64_t o = 0; o < (last - first) * row_bytes; o += 64) __builtin_prefetch(codes + o, 0, 2);
-    const char *scales = (const char *)(mm->wd + first * blocks);
-    for (int64_t o = 0; o < (last - first) * blocks * 2; o += 64) __builtin_prefetch(scales + o, 0, 2);
+    const char *scales = (const char *)mm->wd + first * scale_bytes; /* every format's scales start there */
+    for (int64_t o = 0; o < (last - first) * scale_bytes; o += 64) __builtin_prefetch(scales + o, 0, 2);
 }
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
  * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
- * codes are the values plus 8), at 0 for Q8_0. Q8 is a constant: each format gets its own code. */
-#define TILE(TARGET, SUFFIX, FMT, Q8, ONE_ROW)                                                                     \
+ * codes are the values plus 8), at 0 for the others (Q4_K's minimum is taken off in float). Q8 (signed byte codes),
+ * K4 (Q4_K's scales) and K6 (Q6_K's, and its blocks' halves summed apart) are constants: each format gets its own
+ * code. */
+#define TILE(TARGET, SUFFIX, FMT, Q8, K4, K6, ONE_ROW)                                                             \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
         const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;                                              \
@@ -205,14 +246,14 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
             for (int r = 0; r < RM; r++) acc[i][r] = _mm256_setzero_ps();                                          \
         if (m0 == 0) prefetch_ahead(mm, n0, RN);                                                                   \
         for (int64_t s = 0; s < supers; s++) {                                                                     \
-            __m256i sums[4][ROWS_PER_TILE];                                                                        \
+            __m256i sums[4][ROWS_PER_TILE], second[4][ROWS_PER_TILE];                                              \
             for (int r = 0; r < RM; r++) {                                                                         \
                 const __m256i start =                                                                              \
-                    Q8 ? _mm256_setzero_si256()                                                                    \
+                    Q8 || K4 ? _mm256_setzero_si256()                                                              \
                        : _mm256_sub_epi32(_mm256_setzero_si256(),                                                  \
                                           _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks +     \
                                                                                s * 8)));                           \
-                for (int i = 0; i < RN; i++) sums[i][r] = start;                                                   \
+                for (int i = 0; i < RN; i++) sums[i][r] = second[i][r] = start;                                    \
             }                                                                                                      \
             _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) {                                                  \
                 __m256i low[4], high[4]; /* the weight vectors that meet activation vectors h and h + 4 */        \
@@ -232,7 +273,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                     const __m256i *x = (const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER);                   \
                     const __m256i x_low = _mm256_loadu_si256(x + h), x_high = _mm256_loadu_si256(x + h + 4);       \
                     for (int i = 0; i < RN; i++) {                                                                 \
-                        if (Q8) {                                                                                  \
+                        if (K6) {                                                                                  \
+                            sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], low[i], x_low);                       \
+                            second[i][r] = dot_add_signed_##SUFFIX(second[i][r], high[i], x_high);                 \
+                        } else if (Q8) {                                                                           \
                             sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], low[i], x_low);                       \
                             sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], high[i], x_high);                     \
                         } else {                                                                                   \
@@ -243,6 +287,37 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                 }                                                                                                  \
             }                                                                                                      \
             for (int i = 0; i < RN; i++) {                                                                         \
+                if (K4) { /* xd * (d * scale_j * sum(q x) - dmin / 8 * min_j * 8 sum(x)) */                          \
+                    const KScales *ks = mm->ks + (n0 + i) * supers + s;                                            \
+                    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32( \
+                                                           _mm_loadl_epi64((const __m128i *)ks->scales))));       \
+                    const __m256 min = _mm256_mul_ps(_mm256_set1_ps(ks->dmin * 0.125f), _mm256_cvtepi32_ps(         \
+                                                         _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)ks->mins)))); \
+                    for (int r = 0; r < RM; r++) {                                                                 \
+                        const __m256 x_sum8 = _mm256_cvtepi32_ps(                                                  \
+                            _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));         \
+                        const __m256 block = _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(sums[i][r]),                \
+                                                             _mm256_mul_ps(min, x_sum8));                          \
+                        acc[i][r] = _mm256_fmadd_ps(block, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8),    \
+                                                    acc[i][r]);                                                    \
+                    }                                                                                              \
+                    continue;                                                                                      \
+                }                                                                                                  \
+                if (K6) { /* xd * d * (first_j * sum over the first half + second_j * over the second) */          \
+                    const Q6Scales *q6 = mm->q6 + (n0 + i) * supers + s;                                           \
+                    const __m256 d = _mm256_set1_ps(q6->d);                                                        \
+                    const __m256 first = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                 \
+                                                              _mm_loadl_epi64((const __m128i *)q6->first))));     \
+                    const __m256 later = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                 \
+                                                              _mm_loadl_epi64((const __m128i *)q6->second))));    \
+                    for (int r = 0; r < RM; r++) {                                                                 \
+                        const __m256 block = _mm256_fmadd_ps(first, _mm256_cvtepi32_ps(sums[i][r]),                \
+                                                             _mm256_mul_ps(later, _mm256_cvtepi32_ps(second[i][r]))); \
+                        acc[i][r] = _mm256_fmadd_ps(block, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8),    \
+                                                    acc[i][r]);                                                    \
+                    }                                                                                              \
+                    continue;                                                                                      \
+                }                                                                                                  \
                 const __m256 w_scale = _mm256_cvtph_ps(                                                            \
                     _mm_loadu_si128((const __m128i *)(mm->wd + (n0 + i) * blocks + s * 8)));                       \
                 for (int r = 0; r < RM; r++) {                                                                     \
@@ -288,15 +363,21 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
  * by side (measured on an AMD Zen 4 host, docs/performance.md). Q4_0, with twice the arithmetic per byte, and every
  * format at four rows or more keep the tiles. */
 #define ONE_ROW_VNNI_Q8_0 (mm->m < ROWS_PER_TILE)
-TILE(AVX2, avx2, _q4_0, 0, ONE_ROW_AVX2)
-TILE(AVX2, avx2, _q8_0, 1, ONE_ROW_AVX2)
-TILE(VNNI, vnni, _q4_0, 0, 0)
-TILE(VNNI, vnni, _q8_0, 1, ONE_ROW_VNNI_Q8_0)
+TILE(AVX2, avx2, _q4_0, 0, 0, 0, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q8_0, 1, 0, 0, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q4_k, 0, 1, 0, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q6_k, 1, 0, 1, ONE_ROW_AVX2)
+TILE(VNNI, vnni, _q4_0, 0, 0, 0, 0)
+TILE(VNNI, vnni, _q8_0, 1, 0, 0, ONE_ROW_VNNI_Q8_0)
+TILE(VNNI, vnni, _q4_k, 0, 1, 0, 0)
+TILE(VNNI, vnni, _q6_k, 1, 0, 1, ONE_ROW_VNNI_Q8_0)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
     __attribute__((unused)) static void matmul_rows_##SUFFIX(const Matmul *mm, int64_t n_first, int64_t n_last) {  \
         if (mm->format == FORMAT_Q8_0) matmul_rows_##SUFFIX##_q8_0(mm, n_first, n_last);                           \
+        else if (mm->format == FORMAT_Q4_K) matmul_rows_##SUFFIX##_q4_k(mm, n_first, n_last);                      \
+        else if (mm->format == FORMAT_Q6_K) matmul_rows_##SUFFIX##_q6_k(mm, n_first, n_last);                      \
         else matmul_rows_##SUFFIX##_q4_0(mm, n_first, n_last);                                                     \
     }
 BY_FORMAT(avx2)
@@ -340,12 +421,15 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
         return NULL;
     }
-    if (mm.format != FORMAT_Q4_0 && mm.format != FORMAT_Q8_0) {
-        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0) or 1 (Q8_0)");
+    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q6_K) {
+        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K) or 3 (Q6_K)");
         return NULL;
     }
-    mm.row_bytes = mm.format == FORMAT_Q8_0 ? mm.k : mm.k / 2;
-    const int64_t blocks = mm.k / BLOCK;
+    mm.row_bytes = mm.format == FORMAT_Q8_0 || mm.format == FORMAT_Q6_K ? mm.k : mm.k / 2;
+    const int64_t blocks = mm.k / BLOCK, supers = mm.k / SUPER;
+    mm.scale_bytes = mm.format == FORMAT_Q4_K   ? supers * (int64_t)sizeof(KScales)
+                     : mm.format == FORMAT_Q6_K ? supers * (int64_t)sizeof(Q6Scales)
+                                                : blocks * 2;
     /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
     int8_t *xq = malloc((size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks));
     if (xq == NULL) return PyErr_NoMemory();
@@ -357,6 +441,8 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     mm.xsum8 = xsum8;
     mm.codes = (const uint8_t *)codes;
     mm.wd = (const uint16_t *)scales;
+    mm.ks = (const KScales *)scales;
+    mm.q6 = (const Q6Scales *)scales;
     Py_BEGIN_ALLOW_THREADS;
     /* threads only for enough work: handing out a few rows costs more than computing them */
     Chunks rows = {&mm, (const float *)x, 16384 / mm.k > 1 ? 16384 / mm.k : 1};

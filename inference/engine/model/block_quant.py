@@ -1,6 +1,7 @@
-"""Linear layers that keep a GGUF Q4_0 or Q8_0 file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0) codes
-with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file, multiplied by the C kernel
-`_matmul.c`.
+"""Linear layers that keep a GGUF Q4_0, Q8_0, Q4_K or Q6_K file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit
+(Q8_0) codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's 4-bit codes
+with a scale and a minimum per 32 values (148 bytes per 256 against the file's 144); Q6_K's codes as bytes with a
+scale per 16 values (276 bytes per 256 against 210). The C kernel `_matmul.c` multiplies them.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
 value of largest magnitude is code 0 (Q4_0) or +-127 (Q8_0) times its scale, so the scale is found again, and every
@@ -8,6 +9,10 @@ value divides to its code), so these layers compute with the file's own weights:
 per output channel, and for both none of its requantization error. Each call quantizes the activations to 8 bits
 per block of 32 values of a row, as llama.cpp does; docs/quantized-weights.md has the error this gives against the
 float32 expansion, and the speed against the int8 form.
+
+The K-quants' scales cannot be found again from the expansion (a Q4_K block's minimum is not one of its values, a
+Q6_K block has two scales), so their layers are made from the file's bytes (`encode_q4_k`, `encode_q6_k`), which
+loaders/gguf.py keeps for them.
 
 The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and Q4_0 and Q8_0 layers take
 another form (stored_quant.py).
@@ -18,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, q6_k_parts
 from inference.engine.model.matmul_kernel import KERNEL
 
 BLOCK = 32
@@ -56,6 +62,59 @@ def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _interleave(codes).reshape(out_features, in_features), scale.to(torch.float16)
 
 
+Q4_K_BYTES = 144  # a Q4_K super-block in the file: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of codes
+
+
+def encode_q4_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_K tensor's bytes [out, in / 256 * 144] in the kernel's layout: codes uint8 [out, in / 2] (0..15, packed as
+    Q4_0's) and scales uint8 [out, in / 256, 24], each super-block's `KScales` (`_matmul.c`): d and dmin as float32,
+    then the eight scales and the eight mins as bytes."""
+    out_features = blocks.shape[0]
+    supers = blocks.reshape(-1, Q4_K_BYTES)
+    d, dmin = (supers[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
+    scales, mins = k_scales_mins(supers[:, 4:16])
+    codes = _interleave(k_low_nibbles(supers[:, 16:]).reshape(out_features, -1, BLOCK))
+    packed = codes[:, :, :4] | (codes[:, :, 4:] << 4)
+    sizes = torch.cat([d, dmin], dim=1).view(torch.uint8)  # [supers, 8]
+    kscales = torch.cat([sizes, scales.to(torch.uint8), mins.to(torch.uint8)], dim=1)
+    return packed.reshape(out_features, -1), kscales.reshape(out_features, -1, 24)
+
+
+def decode_q4_k(codes: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that Q4_K codes and scales stand for, computed as the file's expansion is."""
+    out_features = codes.shape[0]
+    sizes = kscales[..., :8].contiguous().view(torch.float32)  # [out, supers, 2]: d, dmin
+    scales, mins = kscales[..., 8:16].float(), kscales[..., 16:].float()
+    values = (_values(codes) + 8).float().reshape(out_features, -1, 8, BLOCK)
+    weight = (sizes[..., :1] * scales)[..., None] * values - (sizes[..., 1:] * mins)[..., None]
+    return weight.reshape(out_features, -1)
+
+
+Q6_K_BYTES = 210  # a Q6_K super-block in the file: 128 bytes of low nibbles, 64 of high bits, 16 scales, f16 d
+
+
+def encode_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q6_K tensor's bytes [out, in / 256 * 210] in the kernel's layout: codes int8 [out, in] (the value's code
+    minus 32, laid out as Q8_0's) and scales uint8 [out, in / 256, 20], each super-block's `Q6Scales` (`_matmul.c`):
+    d as float32, then each block's scale of its first 16 values, then of its second 16."""
+    out_features = blocks.shape[0]
+    q, scales, d = q6_k_parts(blocks.reshape(-1, Q6_K_BYTES))
+    codes = _interleave(q.reshape(out_features, -1, BLOCK))
+    halves = scales.reshape(-1, 8, 2).transpose(1, 2).reshape(-1, 16)  # firsts, then seconds
+    q6_scales = torch.cat([d.view(torch.uint8), halves.view(torch.uint8)], dim=1)
+    return codes.reshape(out_features, -1), q6_scales.reshape(out_features, -1, 20)
+
+
+def decode_q6_k(codes: torch.Tensor, q6_scales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that Q6_K codes and scales stand for, computed as the file's expansion is."""
+    out_features = codes.shape[0]
+    d = q6_scales[..., :4].contiguous().view(torch.float32)  # [out, supers, 1]
+    halves = q6_scales[..., 4:].contiguous().view(torch.int8).float().reshape(out_features, -1, 2, 8)
+    per_16 = (d[..., None] * halves).transpose(2, 3).reshape(out_features, -1, 16)  # the file's order of scales
+    values = _deinterleave(codes.reshape(out_features, -1, 8, BLOCK)).float().reshape(out_features, -1, 16, 16)
+    return (per_16[..., None] * values).reshape(out_features, -1)
+
+
 def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that Q8_0 codes and scales stand for."""
     values = _deinterleave(codes.reshape(codes.shape[0], -1, 8, BLOCK))
@@ -88,14 +147,15 @@ def _deinterleave(vectors: torch.Tensor) -> torch.Tensor:
 
 
 class BlockLinear(nn.Module):
-    """A linear layer whose weight is a GGUF file's blocks, codes and float16 scales as `encode` lays them out."""
+    """A linear layer whose weight is a GGUF file's blocks, codes and scales as `encode` lays them out (from the
+    float weight, or for Q4_K from the file's bytes, `stored`)."""
 
     FORMAT: int  # the kernel's code for the weight format
     encode: staticmethod
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, stored: torch.Tensor | None = None):
         super().__init__()
-        codes, scales = self.encode(linear.weight.detach())
+        codes, scales = self.encode(linear.weight.detach() if stored is None else stored)
         self.out_features, self.in_features = linear.weight.shape
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
@@ -140,3 +200,18 @@ class Q8_0Linear(BlockLinear):
 
     FORMAT = 1
     encode = staticmethod(encode_q8_0)
+
+
+class Q4_KLinear(BlockLinear):
+    """Q4_K super-blocks: 4-bit codes (0..15, two to a byte) and each super-block's scales and mins, from the file's
+    bytes."""
+
+    FORMAT = 2
+    encode = staticmethod(encode_q4_k)
+
+
+class Q6_KLinear(BlockLinear):
+    """Q6_K super-blocks: the codes minus 32 as signed bytes and each super-block's scales, from the file's bytes."""
+
+    FORMAT = 3
+    encode = staticmethod(encode_q6_k)
