@@ -1,7 +1,7 @@
 """The decode plan (model/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
 stories260K (small transposed layers, grouped-query attention), and on a wider random llama with its layers in the
-file's Q4_0 blocks or in float32 on the C kernel; batches of rows of different lengths, one step after another; and
-a model it cannot serve has no plan."""
+file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both) or in float32 on the C kernel; batches of rows of
+different lengths, one step after another; and a model it cannot serve has no plan."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from inference.engine.model import matmul_kernel
 from inference.engine.model.decode_plan import DecodePlan
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import FloatLinear, Transformer
-from tests.engine.test_quantized_weights import _keep, _model, write_wide_gguf
+from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_wide_gguf
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]
 
@@ -54,6 +54,12 @@ def test_stories_decodes_the_forwards_logits(stories_hf_dir):
 def test_q4_0_blocks_decode_the_forwards_logits(tmp_path: Path):
     path = write_wide_gguf(tmp_path, Q.Q4_0)
     assert_same_steps(_model(path, _keep(path, "q4_0")))
+
+
+def test_k_quant_blocks_and_parts_decode_the_forwards_logits(tmp_path: Path):
+    """Q4_K and Q6_K layers, and q, k and v fused from both (a Q4_K_M file's mix)."""
+    path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
+    assert_same_steps(_model(path, _keep(path, "q4_k")))
 
 
 @pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")

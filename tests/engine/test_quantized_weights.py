@@ -14,12 +14,20 @@ from gguf import GGMLQuantizationType as Q
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
-from inference.engine.model.block_quant import Q4_0Linear, Q4_KLinear, Q6_KLinear, Q8_0Linear
+from inference.engine.model.block_quant import (
+    BlockParts,
+    Q4_0Linear,
+    Q4_KLinear,
+    Q6_KLinear,
+    Q8_0Linear,
+    decode_q4_k,
+    decode_q6_k,
+)
 from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
 from inference.engine.model.quantize import DynamicInt8Linear
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
-from inference.engine.model.transformer import Transformer
+from inference.engine.model.transformer import Transformer, linear_sources
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 
@@ -39,10 +47,11 @@ WIDE_MATRICES = {name: (512 if name in VOCAB_ROWS else 2 * rows, 2 * cols) for n
 WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
 # max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0, q8_0,
-# q4_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values (model/block_quant.py); q8_0
-# of a K-quant: its expansion re-encoded as Q8_0 blocks; int4: the bfloat16 rounding of activations, scales and zeros
-# (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per output channel and the activations
-# per call (7 bits on a CPU without VNNI, model/quantize.py). docs/quantized-weights.md lists what was measured.
+# q4_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values
+# (model/block_quant.py); q8_0 of a K-quant: its expansion re-encoded as Q8_0 blocks; int4: the bfloat16 rounding of
+# activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per
+# output channel and the activations per call (7 bits on a CPU without VNNI, model/quantize.py).
+# docs/quantized-weights.md lists what was measured.
 TOLERANCE = {
     ("q4_0", "Q4_0"): 0.02,
     ("q8_0", "Q8_0"): 0.02,
@@ -109,12 +118,25 @@ def encode_at_scale(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) 
     return encode(rng, qtype, shape)
 
 
+# A Q4_K_M file's mix (llama.cpp's llama-quantize): Q4_K, with v, the down projection (in half the layers) and the
+# output head in Q6_K.
+Q4_K_M = {"blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K, "output.weight": Q.Q6_K}
+
+
 def write_wide_gguf(
-    tmp_path: Path, qtype: Q, config=WIDE, matrices=WIDE_MATRICES, norms=WIDE_NORMS, tokenizer: Path | None = None
+    tmp_path: Path,
+    qtype: Q,
+    config=WIDE,
+    matrices=WIDE_MATRICES,
+    norms=WIDE_NORMS,
+    tokenizer: Path | None = None,
+    types: dict[str, Q] | None = None,
 ) -> Path:
-    """A random llama (WIDE unless told otherwise) whose matrices are `qtype`, with `tokenizer`'s vocabulary."""
+    """A random llama (WIDE unless told otherwise) whose matrices are `qtype` (`types` names others by GGUF tensor
+    name), with `tokenizer`'s vocabulary."""
     rng = np.random.default_rng(7 + int(qtype))
-    tensors = {name: encode_at_scale(rng, qtype, shape) for name, shape in matrices.items()}
+    types = types or {}
+    tensors = {name: encode_at_scale(rng, types.get(name, qtype), shape) for name, shape in matrices.items()}
     tensors |= {name: (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32) for name, shape in norms.items()}
     extra = tokenizer_of(tokenizer) if tokenizer else None
     return write_gguf(tmp_path / f"model-{qtype.name}.gguf", config, tensors, extra=extra)
@@ -129,6 +151,39 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
     assert weight_bytes(kept) < (0.6 if form == "int8" else 0.5) * weight_bytes(reference)
     for got, want in zip(_logits(kept), _logits(reference), strict=True):
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q):
+    """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
+    fused) stands for exactly the weights the file expands to."""
+    path = write_wide_gguf(tmp_path, qtype)
+    checkpoint = read_gguf(path)
+    form = qtype.name.lower()
+    model = _model(path, _keep(path, form))
+    sources = linear_sources(checkpoint.config)
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYER_CLASS[form])}
+    assert sorted(layers) == sorted(sources)
+    decode = decode_q4_k if qtype == Q.Q4_K else decode_q6_k
+    for name, layer in layers.items():
+        expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
+        assert torch.equal(decode(layer.codes, layer.scales), expanded), name
+
+
+def test_a_layer_fused_from_several_types_keeps_each_ones_blocks(tmp_path: Path):
+    """A Q4_K_M file's q and k (Q4_K) and v (Q6_K) make one layer of two block parts, each the file's weights."""
+    path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
+    reference, kept = _model(path), _model(path, _keep(path, "q4_k"))
+    assert linear_formats(kept) == {"q4_k+q6_k": 1, "q4_k": 2, "q6_k": 2}
+    wqkv = kept.layers[0].attention.wqkv
+    assert isinstance(wqkv, BlockParts) and wqkv.columns == [0, 512 + 256]  # q and k, then v
+    expanded = read_gguf(path).tensors
+    q_k = torch.cat([expanded[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qk"])
+    assert torch.equal(decode_q4_k(wqkv.parts[0].codes, wqkv.parts[0].scales), q_k)
+    v = expanded["model.layers.0.self_attn.v_proj.weight"]
+    assert torch.equal(decode_q6_k(wqkv.parts[1].codes, wqkv.parts[1].scales), v)
+    for got, want in zip(_logits(kept), _logits(reference), strict=True):
+        assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
 def test_float_tensors_compute_as_before(tmp_path: Path):
@@ -158,7 +213,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
     assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)

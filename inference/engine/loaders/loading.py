@@ -19,12 +19,12 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.model.block_quant import Q4_0Linear, Q4_KLinear, Q6_KLinear, Q8_0Linear
+from inference.engine.model.block_quant import BlockParts
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.int4 import Int4Linear
 from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
 from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
-from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
+from inference.engine.model.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import FloatLinear, PackedLinear, Transformer, TransposedLinear
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
@@ -173,32 +173,32 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
 
 def linear_formats(model: torch.nn.Module) -> dict[str, int]:
     """How many linear layers keep their weights in each in-memory format: "q4_0", "q8_0", "q4_k", "q6_k"
-    (model/block_quant.py), "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype
-    ("float32", "bfloat16", "float16")."""
+    (model/block_quant.py; a layer fused from several, its parts' joined: "q4_k+q6_k"), "int4" (model/int4.py),
+    "int8" (model/quantize.py), else the weights' dtype ("float32", "bfloat16", "float16")."""
+    parts = {id(part) for m in model.modules() if isinstance(m, BlockParts) for part in m.parts}
     counts: dict[str, int] = {}
     for module in model.modules():
-        if isinstance(module, Q4_0Linear):
-            kind = "q4_0"
-        elif isinstance(module, Q8_0Linear):
-            kind = "q8_0"
-        elif isinstance(module, Q4_KLinear):
-            kind = "q4_k"
-        elif isinstance(module, Q6_KLinear):
-            kind = "q6_k"
-        elif isinstance(module, Int4Linear):
-            kind = "int4"
-        elif isinstance(module, DynamicInt8Linear | WeightOnlyInt8Linear):
-            kind = "int8"
-        elif isinstance(module, PackedLinear | FloatLinear):  # float32 weights only
-            kind = "float32"
-        elif isinstance(module, TransposedLinear):
-            kind = str(module.weight_t.dtype).removeprefix("torch.")
-        elif isinstance(module, torch.nn.Linear):
-            kind = str(module.weight.dtype).removeprefix("torch.")
-        else:
-            continue
-        counts[kind] = counts.get(kind, 0) + 1
+        kind = None if id(module) in parts else _linear_format(module)
+        if kind is not None:
+            counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def _linear_format(module: torch.nn.Module) -> str | None:
+    if isinstance(module, BlockParts):
+        return "+".join(dict.fromkeys(_linear_format(part) for part in module.parts))
+    for form, layer_class in LAYERS.items():  # the quantized forms of stored_quant.py
+        if type(module) is layer_class:
+            return form
+    if isinstance(module, WeightOnlyInt8Linear):
+        return "int8"
+    if isinstance(module, PackedLinear | FloatLinear):  # float32 weights only
+        return "float32"
+    if isinstance(module, TransposedLinear):
+        return str(module.weight_t.dtype).removeprefix("torch.")
+    if isinstance(module, torch.nn.Linear):
+        return str(module.weight.dtype).removeprefix("torch.")
+    return None
 
 
 def torch_matmuls(model: torch.nn.Module) -> bool:

@@ -76,7 +76,7 @@ typedef struct {
 } Q6Scales;
 
 typedef struct {
-    float *out;            /* [M, N] */
+    float *out;            /* [M, N], rows out_stride floats apart */
     const int8_t *xq;      /* [M, K] activation codes, interleaved */
     const float *xd;       /* [M, K/32] activation scales */
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
@@ -84,7 +84,7 @@ typedef struct {
     const uint16_t *wd;    /* Q4_0, Q8_0: [N, K/32] weight scales, float16 */
     const KScales *ks;     /* Q4_K: [N, K/256] */
     const Q6Scales *q6;    /* Q6_K: [N, K/256] */
-    int64_t m, n, k;
+    int64_t m, n, k, out_stride;
     int64_t row_bytes;     /* bytes of one weight row's codes */
     int64_t scale_bytes;   /* bytes of one weight row's scales */
     int format;
@@ -143,7 +143,7 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
                         total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * xd);
                 }
             }
-            mm->out[m * mm->n + n] = total;
+            mm->out[m * mm->out_stride + n] = total;
         }
     }
 }
@@ -327,7 +327,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
             }                                                                                                      \
         }                                                                                                          \
         for (int i = 0; i < RN; i++)                                                                               \
-            for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->n + n0 + i] = sum8_ps(acc[i][r]);                  \
+            for (int r = 0; r < RM; r++) mm->out[(m0 + r) * mm->out_stride + n0 + i] = sum8_ps(acc[i][r]);         \
     }                                                                                                              \
     __attribute__((target(TARGET), always_inline)) static inline void tiles_##SUFFIX##FMT(                        \
         const Matmul *mm, int64_t n0, const int RN) {                                                              \
@@ -416,7 +416,9 @@ static int64_t output_rows_per_chunk(int64_t n) {
 static PyObject *matmul(PyObject *self, PyObject *args) {
     Py_ssize_t out, x, codes, scales;
     Matmul mm;
-    if (!PyArg_ParseTuple(args, "nnnnLLLi", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format)) return NULL;
+    if (!PyArg_ParseTuple(args, "nnnnLLLiL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format,
+                          &mm.out_stride))
+        return NULL;
     if (mm.k % SUPER != 0) {
         PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
         return NULL;
@@ -582,8 +584,9 @@ static PyObject *threads(PyObject *self, PyObject *unused) { return PyLong_FromL
 
 static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
-     "matmul(out, x, codes, scales, m, n, k, format): out[m, n] = x[m, k] @ dequantized(codes, scales)[n, k]^T "
-     "(pointers as ints; float32 out and x, float16 scales; format 0: Q4_0 codes, 1: Q8_0 codes)."},
+     "matmul(out, x, codes, scales, m, n, k, format, out_stride): out[m, n] = x[m, k] @ dequantized(codes, "
+     "scales)[n, k]^T (pointers as ints; float32 out, its rows out_stride floats apart, and x; format 0: Q4_0, "
+     "1: Q8_0 (float16 scales), 2: Q4_K, 3: Q6_K (block_quant.py's scales))."},
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},

@@ -146,9 +146,37 @@ def _deinterleave(vectors: torch.Tensor) -> torch.Tensor:
     return vectors.reshape(out_features, -1, 8, 8, 4).transpose(2, 3).reshape(out_features, -1, BLOCK)
 
 
-class BlockLinear(nn.Module):
+class _BlockProduct(nn.Module):
+    """A linear layer the block kernel multiplies: `write` fills an output's columns from float32 rows."""
+
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+
+    def write(self, rows: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
+        """out[:, column : column + out_features] = rows @ weight^T, without the bias (rows [R, in] and out [R, *]
+        contiguous float32)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        # A decode step calls this for every linear layer with a few rows: each tensor op skipped here (a reshape, a
+        # conversion) is a microsecond of dispatch saved per call, which at one row is a tenth of the kernel's time.
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.float().contiguous()
+        out = torch.empty(rows.shape[0], self.out_features)
+        self.write(rows, out)
+        if x.dim() != 2:
+            out = out.view(*x.shape[:-1], self.out_features)
+        if x.dtype != torch.float32:
+            out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
+
+
+class BlockLinear(_BlockProduct):
     """A linear layer whose weight is a GGUF file's blocks, codes and scales as `encode` lays them out (from the
-    float weight, or for Q4_K from the file's bytes, `stored`)."""
+    float weight, or for the K-quants from the file's bytes, `stored`)."""
 
     FORMAT: int  # the kernel's code for the weight format
     encode: staticmethod
@@ -163,16 +191,9 @@ class BlockLinear(nn.Module):
         held = (codes, scales) + (() if self.bias is None else (self.bias,))
         self.weight_nbytes = sum(t.numel() * t.element_size() for t in held)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in] -> [..., out]
-        # A decode step calls this for every linear layer with a few rows: each tensor op skipped here (a reshape, a
-        # conversion) is a microsecond of dispatch saved per call, which at one row is a tenth of the kernel's time.
-        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        if rows.dtype != torch.float32 or not rows.is_contiguous():
-            rows = rows.float().contiguous()
-        out = torch.empty(rows.shape[0], self.out_features)
+    def write(self, rows: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
         KERNEL.matmul(
-            out.data_ptr(),
+            out.data_ptr() + column * out.element_size(),
             rows.data_ptr(),
             self.codes.data_ptr(),
             self.scales.data_ptr(),
@@ -180,12 +201,27 @@ class BlockLinear(nn.Module):
             self.out_features,
             self.in_features,
             self.FORMAT,
+            out.shape[1],
         )
-        if x.dim() != 2:
-            out = out.view(*x.shape[:-1], self.out_features)
-        if x.dtype != torch.float32:
-            out = out.to(x.dtype)
-        return out if self.bias is None else out + self.bias
+
+
+class BlockParts(_BlockProduct):
+    """A linear layer fused from tensors of several GGUF types, as a Q4_K_M file's q and k (Q4_K) and v (Q6_K in half
+    its layers): each run of output rows of one type is a block layer of its own (`parts`, bias-free), writing its
+    columns of the one output, so every part keeps its file's blocks."""
+
+    def __init__(self, linear: nn.Linear, parts: list[BlockLinear]):
+        super().__init__()
+        self.out_features, self.in_features = linear.weight.shape
+        if sum(part.out_features for part in parts) != self.out_features:
+            raise ValueError("the parts' rows are not the layer's")
+        self.parts = nn.ModuleList(parts)
+        self.columns = [sum(part.out_features for part in parts[:i]) for i in range(len(parts))]
+        self.bias = linear.bias
+
+    def write(self, rows: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
+        for part, start in zip(self.parts, self.columns, strict=True):
+            part.write(rows, out, column + start)
 
 
 class Q4_0Linear(BlockLinear):

@@ -22,33 +22,29 @@ from functools import partial
 import torch
 
 from inference.engine.model import paged_attention, pointwise
-from inference.engine.model.block_quant import BlockLinear
+from inference.engine.model.block_quant import BlockLinear, BlockParts
 from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.matmul_kernel import KERNEL as MATMUL
 from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear, transposed_product
 
 
 class _BlockCall:
-    """A Q4_0 / Q8_0 layer: the block kernel on its codes and scales."""
+    """A block layer (block_quant.py): the block kernel on its codes and scales, or on each part's into its columns."""
 
-    __slots__ = ("codes", "scales", "out_features", "in_features", "format", "bias")
+    __slots__ = ("parts", "in_features", "bias")
 
-    def __init__(self, layer: BlockLinear):
-        self.codes, self.scales = layer.codes.data_ptr(), layer.scales.data_ptr()
-        self.out_features, self.in_features, self.format = layer.out_features, layer.in_features, layer.FORMAT
-        self.bias = layer.bias
+    def __init__(self, layer: BlockLinear | BlockParts):
+        parts = list(zip(layer.parts, layer.columns, strict=True)) if isinstance(layer, BlockParts) else [(layer, 0)]
+        # each part: (codes, scales, out_features, format, byte offset of its first column)
+        self.parts = [(p.codes.data_ptr(), p.scales.data_ptr(), p.out_features, p.FORMAT, 4 * c) for p, c in parts]
+        self.in_features, self.bias = layer.in_features, layer.bias
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        MATMUL.matmul(
-            out.data_ptr(),
-            x.data_ptr(),
-            self.codes,
-            self.scales,
-            x.shape[0],
-            self.out_features,
-            self.in_features,
-            self.format,
-        )
+        rows, x_at, out_at, stride = x.shape[0], x.data_ptr(), out.data_ptr(), out.shape[1]
+        for codes, scales, out_features, format_code, offset in self.parts:
+            MATMUL.matmul(
+                out_at + offset, x_at, codes, scales, rows, out_features, self.in_features, format_code, stride
+            )
         if self.bias is not None:
             out.add_(self.bias)
 
@@ -78,7 +74,12 @@ class _TransposedCall:
         self.run = partial(transposed_product, layer.weight_t, layer.kernel_pointer(), layer.bias)
 
 
-_CALLS = {BlockLinear: _BlockCall, FloatLinear: _FloatCall, TransposedLinear: _TransposedCall}
+_CALLS = {
+    BlockLinear: _BlockCall,
+    BlockParts: _BlockCall,
+    FloatLinear: _FloatCall,
+    TransposedLinear: _TransposedCall,
+}
 
 
 def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall | None:

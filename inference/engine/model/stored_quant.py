@@ -6,12 +6,12 @@ channel (model/quantize.py's fbgemm layer), or float32 as the file expands to.
 The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
   of a quantized call (quantizing its activations) is several times a small float GEMM's.
-- Where the block kernel is built, a layer made only of Q4_0, only of Q8_0, only of Q4_K or only of Q6_K tensors
-  keeps the file's blocks: the file's exact weights (for the 4-bit types in fewer bytes than int8), faster than int8
-  for one to eight rows on AVX-512 VNNI (slower for a few dozen rows and for prompt chunks;
-  docs/quantized-weights.md). Any other quantized layer (Q5_K, or a fusion of types, as Q4_K_M files mix Q4_K and
-  Q6_K in a layer's q, k and v) becomes Q8_0 blocks of its float expansion: 8-bit codes per 32 values, within a
-  fraction of the file's own step, and the block kernel's speed rather than fbgemm's or torch's int4 one's.
+- Where the block kernel is built, Q4_0, Q8_0, Q4_K and Q6_K tensors keep the file's blocks: the file's exact
+  weights (for the 4-bit types in fewer bytes than int8), faster than int8 for one to eight rows on AVX-512 VNNI
+  (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md). Q5_K tensors become Q8_0 blocks of
+  their float expansion: 8-bit codes per 32 values, within a fraction of the file's own step, at the block kernel's
+  speed rather than fbgemm's. A layer fused from tensors of several types (a Q4_K_M file's q and k are Q4_K, its v
+  Q6_K in half the layers) is made of one block layer per run of rows of one form (block_quant.BlockParts).
 - Without the block kernel, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for
   torch's int4 kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
@@ -28,7 +28,15 @@ import torch
 from torch import nn
 
 from inference.engine.model import block_quant
-from inference.engine.model.block_quant import Q4_0Linear, Q4_KLinear, Q6_KLinear, Q8_0Linear, fits_blocks
+from inference.engine.model.block_quant import (
+    BlockLinear,
+    BlockParts,
+    Q4_0Linear,
+    Q4_KLinear,
+    Q6_KLinear,
+    Q8_0Linear,
+    fits_blocks,
+)
 from inference.engine.model.int4 import Int4Linear, fits_int4
 from inference.engine.model.quantize import DynamicInt8Linear
 
@@ -61,21 +69,25 @@ class KeepQuantized:
     min_elements: int = MIN_QUANTIZED_ELEMENTS
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "q4_0", "q8_0", "q4_k", "q6_k", "int4", "int8", or None (stays float) for a linear layer fused from the
-        tensors `sources`."""
+        """ "q4_0", "q8_0", "q4_k", "q6_k", "parts" (each source in its block form, `block_form`), "int4", "int8", or
+        None (stays float) for a linear layer fused from the tensors `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
         if self.block_kernel and fits_blocks(linear):
-            for block_type in BLOCK_TYPES:
-                if all(t == block_type for t in types):
-                    if block_type in FILE_BYTES_TYPES and not all(name in self.file_bytes for name in sources):
-                        break
-                    return block_type.lower()
-            return "q8_0"
+            forms = {self.block_form(name) for name in sources}
+            return forms.pop() if len(forms) == 1 else "parts"
         if self.int4_kernel and all(t in FOUR_BIT_TYPES for t in types) and fits_int4(linear):
             return "int4"
         return "int8"
+
+    def block_form(self, source: str) -> str:
+        """The block layer a quantized tensor becomes: its own type's blocks where the kernel has them (the K-quants'
+        made from the file's bytes), else Q8_0 blocks of its expansion."""
+        stored = self.stored_types[source]
+        if stored not in BLOCK_TYPES or (stored in FILE_BYTES_TYPES and source not in self.file_bytes):
+            return "q8_0"
+        return stored.lower()
 
 
 LAYERS = {
@@ -88,17 +100,44 @@ LAYERS = {
 }
 
 
-def keep_quantized(model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized) -> None:
+def keep_quantized(
+    model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized, rows: Mapping[str, int]
+) -> None:
     """Replaces, in place, each of the model's float32 linear layers (by module name in `sources`, with the tensors
-    each is fused from) that `keep` says stays quantized."""
+    each is fused from, whose output rows `rows` gives) that `keep` says stays quantized."""
     for qualified, module in list(model.named_modules()):
         if qualified not in sources or not isinstance(module, nn.Linear):
             continue
         form = keep.form(module, sources[qualified])
-        if form is not None:
-            parent_name, _, child = qualified.rpartition(".")
-            if form.upper() in FILE_BYTES_TYPES:  # a fused layer's rows are its sources' rows, one after another
-                layer = LAYERS[form](module, torch.cat([keep.file_bytes[name] for name in sources[qualified]]))
-            else:
-                layer = LAYERS[form](module)
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        if form == "parts":
+            layer: nn.Module = BlockParts(module, _block_parts(module, sources[qualified], keep, rows))
+        elif form is not None and form.upper() in FILE_BYTES_TYPES:  # its rows: its sources' rows, one after another
+            layer = LAYERS[form](module, torch.cat([keep.file_bytes[name] for name in sources[qualified]]))
+        elif form is not None:
+            layer = LAYERS[form](module)
+        else:
+            continue
+        parent_name, _, child = qualified.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+
+
+def _block_parts(
+    linear: nn.Linear, sources: list[str], keep: KeepQuantized, rows: Mapping[str, int]
+) -> list[BlockLinear]:
+    """The block layers of a fused layer's runs of sources of one block form, in order."""
+    parts, first = [], 0
+    runs: list[tuple[str, list[str]]] = []
+    for name in sources:
+        form = keep.block_form(name)
+        if runs and runs[-1][0] == form:
+            runs[-1][1].append(name)
+        else:
+            runs.append((form, [name]))
+    for form, names in runs:
+        count = sum(rows[name] for name in names)
+        part = nn.Linear(linear.in_features, count, bias=False, device="meta")
+        part.weight = nn.Parameter(linear.weight.detach()[first : first + count], requires_grad=False)
+        first += count
+        stored = torch.cat([keep.file_bytes[name] for name in names]) if form.upper() in FILE_BYTES_TYPES else None
+        parts.append(LAYERS[form](part, stored))
+    return parts

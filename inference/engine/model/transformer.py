@@ -381,7 +381,7 @@ class Transformer(nn.Module):
             quantize_linears(model)
             return model
         if keep is not None and on_cpu and not attachable and dtype == torch.float32:
-            keep_quantized(model, linear_sources(config), keep)
+            keep_quantized(model, linear_sources(config), keep, {name: t.shape[0] for name, t in tensors.items()})
         if on_cpu and not attachable:
             cpu_linears(model, float32=dtype == torch.float32)
         return model
