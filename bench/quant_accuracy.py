@@ -1,9 +1,9 @@
 """How far a GGUF file's quantized in-memory form (load dtype automatic) is from the same file expanded to float32
 (load dtype "float32"): logits on fixed prompts, and for how many greedy tokens they agree. Model: the random 85M
-Llama as Q8_0 and Q4_0 (bench/random_model.py); stories260K's Q8_0 case is a test
-(tests/engine/test_quantized_weights.py).
+Llama as Q8_0 and Q4_0 (bench/random_model.py), and any other file of it --gguf names (a K-quant); stories260K's
+Q8_0 case is a test (tests/engine/test_quantized_weights.py).
 
-Run: .venv/bin/python bench/quant_accuracy.py [--models DIR] [--tokens 64]
+Run: .venv/bin/python bench/quant_accuracy.py [--models DIR] [--tokens 64] [--gguf var/bench/random85m-Q4_K_M.gguf]
 """
 
 from __future__ import annotations
@@ -53,11 +53,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=Path, default=Path(__file__).resolve().parent.parent.parent / "shared/models")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--gguf",
+        action="append",
+        default=[],
+        type=Path,
+        help="another GGUF file of the 85M model (a K-quant that llama.cpp's llama-quantize wrote); repeatable",
+    )
     args = parser.parse_args()
     stories_hf, stories_gguf = args.models / "stories260K-hf", args.models / "stories260K.gguf"
     for qtype in ("Q8_0", "Q4_0"):
         path = write_quantized_gguf(stories_hf, stories_gguf, qtype)
         print(f"85M {qtype}", compare(path, args.tokens), flush=True)
+    for path in args.gguf:
+        print(path.stem, compare(path, args.tokens), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ file), which serves the one model --only names; nothing is loaded, and --pid nam
 is reported.
 
 Run: .venv/bin/python bench/serve_bench.py [--models DIR] [--only stories260K,random85m-Q4_0,...] [--streams 1,8,32]
-[--rounds 2] [--kv-dtype float16] [--openai URL --pid PID]
+[--rounds 2] [--kv-dtype float16] [--openai URL --pid PID] [--gguf var/bench/random85m-Q4_K_M.gguf]
 """
 
 from __future__ import annotations
