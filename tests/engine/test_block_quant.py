@@ -1,7 +1,7 @@
 """The block kernel (model/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
-their float32 expansion, a Q4_K or Q6_K file's from its bytes, and the kernel's products are the exact block sums of the
-quantized activations and weights, for each format, any number of rows and output features (its tiles of 4 x 2 and
-1 x 4 and every remainder), on every implementation the CPU runs."""
+their float32 expansion, a K-quant file's (Q4_K, Q5_K, Q6_K) from its bytes, and the kernel's products are the exact
+block sums of the quantized activations and weights, for each format, any number of rows and output features (its
+tiles of 4 x 2 and 1 x 4 and every remainder), on every implementation the CPU runs."""
 
 import gguf
 import numpy as np
@@ -15,14 +15,17 @@ from inference.engine.model.block_quant import (
     KERNEL,
     Q4_0Linear,
     Q4_KLinear,
+    Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
     decode_q4_0,
     decode_q4_k,
+    decode_q5_k,
     decode_q6_k,
     decode_q8_0,
     encode_q4_0,
     encode_q4_k,
+    encode_q5_k,
     encode_q6_k,
     encode_q8_0,
 )
@@ -105,7 +108,8 @@ def test_the_kernel_computes_the_quantized_product(kernel: str, name: str, rows:
 # the super-block scales that put random blocks at a trained model's scale).
 K_FORMATS = {
     "Q4_K": (Q4_KLinear, encode_q4_k, decode_q4_k, 0.5, 24, (1e-4, 4e-4)),
-    "Q6_K": (Q6_KLinear, encode_q6_k, decode_q6_k, 1, 20, (6.2e-5, 1.2e-4)),
+    "Q5_K": (Q5_KLinear, encode_q5_k, decode_q5_k, 0.625, 24, (5e-5, 2e-4)),
+    "Q6_K": (Q6_KLinear, encode_q6_k, decode_q6_k, 0.75, 20, (6.2e-5, 1.2e-4)),
 }
 
 
@@ -122,7 +126,7 @@ def test_k_quant_bytes_give_the_files_expansion_exactly(name: str):
     stored, weight = _k_file(name, 0, 48, 512)
     codes, scales = encode(stored)
     assert codes.shape == (48, int(512 * code_bytes))
-    assert scales.shape == (48, 2, scale_bytes)  # per super-block: Q4_K's d, dmin, scales, mins; Q6_K's d, scales
+    assert scales.shape == (48, 2, scale_bytes)  # per super-block: d, dmin, scales, mins (Q6_K: d, scales)
     assert torch.equal(decode(codes, scales), weight)
 
 

@@ -18,9 +18,11 @@ from inference.engine.model.block_quant import (
     BlockParts,
     Q4_0Linear,
     Q4_KLinear,
+    Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
     decode_q4_k,
+    decode_q5_k,
     decode_q6_k,
 )
 from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
@@ -47,8 +49,8 @@ WIDE_MATRICES = {name: (512 if name in VOCAB_ROWS else 2 * rows, 2 * cols) for n
 WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
 # max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0, q8_0,
-# q4_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values
-# (model/block_quant.py); q8_0 of a K-quant: its expansion re-encoded as Q8_0 blocks; int4: the bfloat16 rounding of
+# q4_k, q5_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values
+# (model/block_quant.py); int4: the bfloat16 rounding of
 # activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per
 # output channel and the activations per call (7 bits on a CPU without VNNI, model/quantize.py).
 # docs/quantized-weights.md lists what was measured.
@@ -57,7 +59,7 @@ TOLERANCE = {
     ("q8_0", "Q8_0"): 0.02,
     ("q4_k", "Q4_K"): 0.02,
     ("q6_k", "Q6_K"): 0.05,  # the file's weights: what is left is the activations' 8 bits, which this model amplifies
-    ("q8_0", "Q5_K"): 0.02,
+    ("q5_k", "Q5_K"): 0.02,
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
     ("int8", "Q4_0"): 0.1,
@@ -70,6 +72,7 @@ LAYER_CLASS = {
     "q4_0": Q4_0Linear,
     "q8_0": Q8_0Linear,
     "q4_k": Q4_KLinear,
+    "q5_k": Q5_KLinear,
     "q6_k": Q6_KLinear,
     "int4": Int4Linear,
     "int8": DynamicInt8Linear,
@@ -82,11 +85,11 @@ def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
 
 
 def _keep(path: Path, form: str) -> KeepQuantized:
-    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q6_k", "int4" or "int8") on any
-    CPU."""
+    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "int4" or "int8")
+    on any CPU."""
     checkpoint = read_gguf(path)
     stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
-    block_kernel = form in ("q4_0", "q8_0", "q4_k", "q6_k")
+    block_kernel = form in ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
     return KeepQuantized(stored, checkpoint.file_bytes, block_kernel=block_kernel, int4_kernel=form == "int4")
 
 
@@ -153,7 +156,7 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
     fused) stands for exactly the weights the file expands to."""
@@ -164,7 +167,7 @@ def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q)
     sources = linear_sources(checkpoint.config)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYER_CLASS[form])}
     assert sorted(layers) == sorted(sources)
-    decode = decode_q4_k if qtype == Q.Q4_K else decode_q6_k
+    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k}[qtype]
     for name, layer in layers.items():
         expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
         assert torch.equal(decode(layer.codes, layer.scales), expanded), name
@@ -213,7 +216,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
     assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)

@@ -2,7 +2,7 @@
 
 Three things differ from a Hugging Face checkpoint and are undone here:
 - names: `blk.N.attn_q.weight` and friends become `model.layers.N.self_attn.q_proj.weight` and friends;
-- layout: quantized blocks are dequantized (Q4_K and Q6_K tensors' bytes are kept as well, for the layers that keep them
+- layout: quantized blocks are dequantized (the K-quant tensors' bytes are kept as well, for the layers that keep them
   in memory), and ggml shapes (ne0, the input dim, first) become torch [out, in];
 - RoPE order: llama.cpp's `llama` architecture rotates adjacent pairs, so its converter stores q/k rows in Meta's
   interleaved order; the model rotates halves (HF `rotate_half`), so llama q/k rows are permuted back. qwen2 and

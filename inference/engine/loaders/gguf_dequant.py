@@ -78,12 +78,17 @@ def _dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
 _BIT_OF_SUBBLOCK = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
 
 
+def q5_k_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_K super-blocks [N, 176] -> their codes, uint8 [N, 8, 32] (0..31, sub-block by sub-block)."""
+    high = (blocks[:, None, 16:48] >> _BIT_OF_SUBBLOCK) & 1  # [N, 8, 32]
+    return k_low_nibbles(blocks[:, 48:176]) | (high << 4)
+
+
 def _dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     # blocks: [N, 176] uint8 -> [N, 256]
     d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
     scales, mins = k_scales_mins(blocks[:, 4:16])
-    high = (blocks[:, None, 16:48] >> _BIT_OF_SUBBLOCK) & 1  # [N, 8, 32]
-    q = (k_low_nibbles(blocks[:, 48:176]) | (high << 4)).float()
+    q = q5_k_codes(blocks).float()
     return ((d * scales)[:, :, None] * q - (dmin * mins)[:, :, None]).reshape(-1, 256)
 
 

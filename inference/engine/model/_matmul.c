@@ -1,7 +1,7 @@
 /* The linear layers' C kernels (CPU), sharing one elastic pool of threads: float32 weights (_float_matmul.h,
- * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q8_0, Q4_K or Q6_K blocks.
+ * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) blocks.
  *
- * Matmul of float32 activations with Q4_0-, Q8_0-, Q4_K- or Q6_K-quantized weights (block_quant.py):
+ * Matmul of float32 activations with Q4_0-, Q8_0-, Q4_K-, Q5_K- or Q6_K-quantized weights (block_quant.py):
  * out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
@@ -25,11 +25,14 @@
  * block's product is then xd * (d * scale_j * sum(q * x) - dmin * min_j * sum(x)): the codes' integer sum as for
  * Q4_0 (no offset), and sum(x) from the activations' block sums, in float once per 8 blocks.
  *
- * Q6_K super-blocks (210 bytes per 256 values in the file: 6-bit codes q, a signed 8-bit scale per 16 values and a
- * float16 d) keep their codes as signed bytes q - 32 laid out as Q8_0's, and per super-block a Q6Scales: d as float32
- * and each block's two scales (its first and its second 16 values), so the value is d * scale * (q - 32), as the file
- * expands. A block's two halves are summed apart (the first four of its code vectors hold the first half) and scaled
- * in float.
+ * Q5_K super-blocks (176 bytes per 256 values in the file) are Q4_K's with a fifth bit per code: kept as Q4_K's
+ * (the low four bits packed as Q4_0's, a KScales), then 32 bytes whose bit g of byte p is the fifth bit of code
+ * vector g's byte p (160 bytes of codes per 256 values). Q6_K super-blocks (210 bytes in the file: 6-bit codes q, a
+ * signed 8-bit scale per 16 values and a float16 d) keep the low four bits packed as Q4_0's, then two 32-byte planes
+ * of the top two bits (vectors 0-3 in the first, 4-7 in the second, bits 2h and 2h + 1 for vector h), 192 bytes, and
+ * a Q6Scales: d as float32 and each block's two scales (of its first and its second 16 values). The value is
+ * d * scale * (q - 32), as the file expands: the codes become signed bytes q - 32 as they are unpacked, and a
+ * block's two halves (the first four code vectors hold the first half) are summed apart and scaled in float.
  *
  * Layout: a row's K values are cut into super-blocks of 8 blocks (256 values), and a super-block's codes are seen as
  * 8 vectors of 32 bytes, vector g holding values 4g .. 4g + 3 of each of the 8 blocks (block j in bytes
@@ -61,9 +64,9 @@
 #define SUPER 256 /* values per super-block: 8 blocks */
 #define ROWS_PER_TILE 4
 
-enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3 };
+enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3, FORMAT_Q5_K = 4 };
 
-/* A Q4_K super-block's scales (24 bytes; block_quant.py writes them). */
+/* A Q4_K or Q5_K super-block's scales (24 bytes; block_quant.py writes them). */
 typedef struct {
     float d, dmin;
     uint8_t scales[8], mins[8];
@@ -82,7 +85,7 @@ typedef struct {
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
     const uint8_t *codes;  /* Q4_0: uint8 [N, K/2]; Q8_0: int8 [N, K]; interleaved */
     const uint16_t *wd;    /* Q4_0, Q8_0: [N, K/32] weight scales, float16 */
-    const KScales *ks;     /* Q4_K: [N, K/256] */
+    const KScales *ks;     /* Q4_K, Q5_K: [N, K/256] */
     const Q6Scales *q6;    /* Q6_K: [N, K/256] */
     int64_t m, n, k, out_stride;
     int64_t row_bytes;     /* bytes of one weight row's codes */
@@ -112,6 +115,13 @@ static void quantize_row_portable(const float *x, int64_t k, int8_t *q, float *d
 
 static float f16_to_f32(uint16_t h) { return (float)*(const _Float16 *)&h; }
 
+/* Bytes of a super-block's codes, per format: Q8_0's bytes, Q4_0's and Q4_K's nibbles, Q5_K's and Q6_K's with
+ * their planes of top bits. */
+static inline int64_t super_bytes(int format) {
+    if (format == FORMAT_Q8_0) return SUPER;
+    return SUPER / 2 + (format == FORMAT_Q5_K ? BLOCK : format == FORMAT_Q6_K ? 2 * BLOCK : 0);
+}
+
 static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_last) {
     const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;
     for (int64_t n = n_first; n < n_last; n++) {
@@ -119,26 +129,28 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
             float total = 0.0f;
             for (int64_t s = 0; s < supers; s++) {
                 int32_t sums[8], second[8] = {0}; /* Q6_K: the blocks' first and second halves apart */
-                const int k4 = mm->format == FORMAT_Q4_K, k6 = mm->format == FORMAT_Q6_K;
-                const int q8 = mm->format == FORMAT_Q8_0 || k6;
-                for (int j = 0; j < 8; j++) sums[j] = q8 || k4 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
-                const uint8_t *codes = mm->codes + n * mm->row_bytes + s * (q8 ? SUPER : SUPER / 2);
+                const int q8 = mm->format == FORMAT_Q8_0, k6 = mm->format == FORMAT_Q6_K;
+                const int mins = mm->format == FORMAT_Q4_K || mm->format == FORMAT_Q5_K;
+                for (int j = 0; j < 8; j++) sums[j] = q8 || mins || k6 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
+                const uint8_t *codes = mm->codes + n * mm->row_bytes + s * super_bytes(mm->format);
                 const int8_t *x = mm->xq + m * mm->k + s * SUPER;
                 for (int g = 0; g < 8; g++)
                     for (int p = 0; p < BLOCK; p++) {
                         const uint8_t byte = codes[(q8 ? g : g % 4) * BLOCK + p];
-                        const int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
+                        int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
+                        if (mm->format == FORMAT_Q5_K) w |= (codes[4 * BLOCK + p] >> g & 1) << 4;
+                        if (k6) w = (w | (codes[(4 + g / 4) * BLOCK + p] >> 2 * (g % 4) & 3) << 4) - 32;
                         (k6 && g >= 4 ? second : sums)[p / 4] += w * x[g * BLOCK + p];
                     }
                 for (int j = 0; j < 8; j++) {
                     const float xd = mm->xd[m * blocks + s * 8 + j];
-                    if (k4) {
+                    if (mins) {
                         const KScales *ks = mm->ks + n * supers + s;
                         const float x_sum = (float)(mm->xsum8[m * blocks + s * 8 + j] / 8);
                         total += xd * (ks->d * ks->scales[j] * (float)sums[j] - ks->dmin * ks->mins[j] * x_sum);
                     } else if (k6) {
                         const Q6Scales *q6 = mm->q6 + n * supers + s;
-                        total += xd * (q6->d * q6->first[j] * (float)sums[j] + q6->d * q6->second[j] * (float)second[j]);
+                        total += xd * q6->d * (q6->first[j] * (float)sums[j] + q6->second[j] * (float)second[j]);
                     } else
                         total += (float)sums[j] * (f16_to_f32(mm->wd[n * blocks + s * 8 + j]) * xd);
                 }
@@ -217,6 +229,20 @@ __attribute__((target(VNNI), always_inline)) static inline __m256i dot_add_signe
     return dot_add_vnni(sums, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
 }
 
+/* Eight bytes, unsigned or signed, as eight floats: a super-block's scales. */
+__attribute__((target(AVX2), always_inline)) static inline __m256 u8_to_ps(const uint8_t *bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)bytes)));
+}
+__attribute__((target(AVX2), always_inline)) static inline __m256 i8_to_ps(const int8_t *bytes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)bytes)));
+}
+
+/* Bits `from` onwards of each byte moved to bit `to` onwards (a mask keeps the ones wanted): 16-bit shifts, which
+ * for these moves (from + the bits kept <= 8) take each byte's bits from that byte alone. */
+__attribute__((target(AVX2), always_inline)) static inline __m256i move_bits(__m256i v, const int from, const int to) {
+    return from < to ? _mm256_slli_epi16(v, to - from) : from > to ? _mm256_srli_epi16(v, from - to) : v;
+}
+
 /* Asks for the weight rows PREFETCH_ROWS further on, into L2: a thread walks its rows in order, but the hardware
  * prefetcher, seeing a few rows read side by side in short runs, fetches too little ahead of them. Into L2 rather than
  * L1, where they pushed out the activations (docs/performance.md). */
@@ -233,10 +259,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
  * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
- * codes are the values plus 8), at 0 for the others (Q4_K's minimum is taken off in float). Q8 (signed byte codes),
- * K4 (Q4_K's scales) and K6 (Q6_K's, and its blocks' halves summed apart) are constants: each format gets its own
- * code. */
-#define TILE(TARGET, SUFFIX, FMT, Q8, K4, K6, ONE_ROW)                                                             \
+ * codes are the values plus 8), at 0 for the others (Q4_K's and Q5_K's minimum is taken off in float). Q8 (signed
+ * byte codes), MINS (Q4_K's and Q5_K's scales) and HIGH (the planes of top bits after the nibbles: 1 for Q5_K, 2 for
+ * Q6_K, whose blocks' halves are summed apart) are constants: each format gets its own code. */
+#define TILE(TARGET, SUFFIX, FMT, Q8, MINS, HIGH, ONE_ROW)                                                         \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
         const int64_t blocks = mm->k / BLOCK, supers = mm->k / SUPER;                                              \
@@ -249,7 +275,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
             __m256i sums[4][ROWS_PER_TILE], second[4][ROWS_PER_TILE];                                              \
             for (int r = 0; r < RM; r++) {                                                                         \
                 const __m256i start =                                                                              \
-                    Q8 || K4 ? _mm256_setzero_si256()                                                              \
+                    Q8 || MINS || HIGH ? _mm256_setzero_si256()                                                    \
                        : _mm256_sub_epi32(_mm256_setzero_si256(),                                                  \
                                           _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks +     \
                                                                                s * 8)));                           \
@@ -259,7 +285,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                 __m256i low[4], high[4]; /* the weight vectors that meet activation vectors h and h + 4 */        \
                 for (int i = 0; i < RN; i++) {                                                                     \
                     const __m256i *row = (const __m256i *)(mm->codes + (n0 + i) * mm->row_bytes +                  \
-                                                           s * (Q8 ? SUPER : SUPER / 2));                          \
+                                                           s * (Q8 ? SUPER : SUPER / 2 + HIGH * BLOCK));           \
                     if (Q8) {                                                                                      \
                         low[i] = _mm256_loadu_si256(row + h);                                                      \
                         high[i] = _mm256_loadu_si256(row + h + 4);                                                 \
@@ -268,12 +294,25 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                         low[i] = _mm256_and_si256(packed, low_nibbles);                                            \
                         high[i] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);                     \
                     }                                                                                              \
+                    if (HIGH == 1) { /* vector g's fifth bits: bit g of the plane's bytes */                       \
+                        const __m256i bits = _mm256_loadu_si256(row + 4), fifth = _mm256_set1_epi8(0x10);          \
+                        low[i] = _mm256_or_si256(low[i], _mm256_and_si256(move_bits(bits, h, 4), fifth));          \
+                        high[i] = _mm256_or_si256(high[i], _mm256_and_si256(move_bits(bits, h + 4, 4), fifth));    \
+                    }                                                                                              \
+                    if (HIGH == 2) { /* vector h's top bits: bits 2h, 2h + 1 of the first plane (h + 4's: second) */ \
+                        const __m256i top = _mm256_set1_epi8(0x30), offset = _mm256_set1_epi8(32);                 \
+                        const __m256i first = _mm256_loadu_si256(row + 4), later = _mm256_loadu_si256(row + 5);   \
+                        low[i] = _mm256_sub_epi8(                                                                  \
+                            _mm256_or_si256(low[i], _mm256_and_si256(move_bits(first, 2 * h, 4), top)), offset);   \
+                        high[i] = _mm256_sub_epi8(                                                                 \
+                            _mm256_or_si256(high[i], _mm256_and_si256(move_bits(later, 2 * h, 4), top)), offset);  \
+                    }                                                                                              \
                 }                                                                                                  \
                 for (int r = 0; r < RM; r++) {                                                                     \
                     const __m256i *x = (const __m256i *)(mm->xq + (m0 + r) * mm->k + s * SUPER);                   \
                     const __m256i x_low = _mm256_loadu_si256(x + h), x_high = _mm256_loadu_si256(x + h + 4);       \
                     for (int i = 0; i < RN; i++) {                                                                 \
-                        if (K6) {                                                                                  \
+                        if (HIGH == 2) {                                                                           \
                             sums[i][r] = dot_add_signed_##SUFFIX(sums[i][r], low[i], x_low);                       \
                             second[i][r] = dot_add_signed_##SUFFIX(second[i][r], high[i], x_high);                 \
                         } else if (Q8) {                                                                           \
@@ -287,12 +326,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                 }                                                                                                  \
             }                                                                                                      \
             for (int i = 0; i < RN; i++) {                                                                         \
-                if (K4) { /* xd * (d * scale_j * sum(q x) - dmin / 8 * min_j * 8 sum(x)) */                          \
+                if (MINS) { /* xd * (d * scale_j * sum(q x) - dmin / 8 * min_j * 8 sum(x)) */                        \
                     const KScales *ks = mm->ks + (n0 + i) * supers + s;                                            \
-                    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32( \
-                                                           _mm_loadl_epi64((const __m128i *)ks->scales))));       \
-                    const __m256 min = _mm256_mul_ps(_mm256_set1_ps(ks->dmin * 0.125f), _mm256_cvtepi32_ps(         \
-                                                         _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)ks->mins)))); \
+                    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), u8_to_ps(ks->scales));              \
+                    const __m256 min = _mm256_mul_ps(_mm256_set1_ps(ks->dmin * 0.125f), u8_to_ps(ks->mins));      \
                     for (int r = 0; r < RM; r++) {                                                                 \
                         const __m256 x_sum8 = _mm256_cvtepi32_ps(                                                  \
                             _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));         \
@@ -303,13 +340,11 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                     }                                                                                              \
                     continue;                                                                                      \
                 }                                                                                                  \
-                if (K6) { /* xd * d * (first_j * sum over the first half + second_j * over the second) */          \
+                if (HIGH == 2) { /* xd * d * (first_j * sum over the first half + second_j * over the second) */   \
                     const Q6Scales *q6 = mm->q6 + (n0 + i) * supers + s;                                           \
                     const __m256 d = _mm256_set1_ps(q6->d);                                                        \
-                    const __m256 first = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                 \
-                                                              _mm_loadl_epi64((const __m128i *)q6->first))));     \
-                    const __m256 later = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                 \
-                                                              _mm_loadl_epi64((const __m128i *)q6->second))));    \
+                    const __m256 first = _mm256_mul_ps(d, i8_to_ps(q6->first));                                    \
+                    const __m256 later = _mm256_mul_ps(d, i8_to_ps(q6->second));                                   \
                     for (int r = 0; r < RM; r++) {                                                                 \
                         const __m256 block = _mm256_fmadd_ps(first, _mm256_cvtepi32_ps(sums[i][r]),                \
                                                              _mm256_mul_ps(later, _mm256_cvtepi32_ps(second[i][r]))); \
@@ -343,7 +378,7 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
     __attribute__((target(TARGET))) static void matmul_rows_##SUFFIX##FMT(const Matmul *mm, int64_t n_first,      \
                                                                          int64_t n_last) {                         \
         int64_t n = n_first;                                                                                       \
-        if (ONE_ROW) { /* one sequential stream of weights per thread (see ONE_ROW_AVX2, ONE_ROW_VNNI_Q8_0) */       \
+        if (ONE_ROW) { /* one sequential stream of weights per thread (ONE_ROW_AVX2, ONE_ROW_VNNI_FEW_ROWS) */   \
             for (; n < n_last; n++) tiles_##SUFFIX##FMT(mm, n, 1);                                                 \
             return;                                                                                                \
         }                                                                                                          \
@@ -358,19 +393,22 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
  * fetch too little ahead and the loads no longer overlapped the arithmetic. Measured on an AVX2-only AMD Zen 2 host,
  * from one row to eight (docs/performance.md); the VNNI kernel keeps its tiles, tuned on an AVX-512 host. */
 #define ONE_ROW_AVX2 1
-/* The VNNI kernel walks Q8_0 weights one row at a time too while there are fewer activation rows than a tile holds:
- * there its byte multiply-adds keep up with memory, and one stream per thread read the weights faster than four side
- * by side (measured on an AMD Zen 4 host, docs/performance.md). Q4_0, with twice the arithmetic per byte, and every
+/* The VNNI kernel walks Q8_0 and Q6_K weights one row at a time too while there are fewer activation rows than a
+ * tile holds: there one stream per thread read the weights faster than four side by side (Q8_0 on an AMD Zen 4 host,
+ * Q6_K on an Intel AMX one: 49 layers of the 85M model at one row 2.36-2.41 against 2.56-2.63 ms;
+ * docs/performance.md). Q4_0 and Q4_K (there 1.45-1.82 with tiles against 1.58-1.86), Q5_K (even) and every
  * format at four rows or more keep the tiles. */
-#define ONE_ROW_VNNI_Q8_0 (mm->m < ROWS_PER_TILE)
+#define ONE_ROW_VNNI_FEW_ROWS (mm->m < ROWS_PER_TILE)
 TILE(AVX2, avx2, _q4_0, 0, 0, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q8_0, 1, 0, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q4_k, 0, 1, 0, ONE_ROW_AVX2)
-TILE(AVX2, avx2, _q6_k, 1, 0, 1, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q5_k, 0, 1, 1, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q6_k, 0, 0, 2, ONE_ROW_AVX2)
 TILE(VNNI, vnni, _q4_0, 0, 0, 0, 0)
-TILE(VNNI, vnni, _q8_0, 1, 0, 0, ONE_ROW_VNNI_Q8_0)
+TILE(VNNI, vnni, _q8_0, 1, 0, 0, ONE_ROW_VNNI_FEW_ROWS)
 TILE(VNNI, vnni, _q4_k, 0, 1, 0, 0)
-TILE(VNNI, vnni, _q6_k, 1, 0, 1, ONE_ROW_VNNI_Q8_0)
+TILE(VNNI, vnni, _q5_k, 0, 1, 1, 0)
+TILE(VNNI, vnni, _q6_k, 0, 0, 2, ONE_ROW_VNNI_FEW_ROWS)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
@@ -378,6 +416,7 @@ TILE(VNNI, vnni, _q6_k, 1, 0, 1, ONE_ROW_VNNI_Q8_0)
         if (mm->format == FORMAT_Q8_0) matmul_rows_##SUFFIX##_q8_0(mm, n_first, n_last);                           \
         else if (mm->format == FORMAT_Q4_K) matmul_rows_##SUFFIX##_q4_k(mm, n_first, n_last);                      \
         else if (mm->format == FORMAT_Q6_K) matmul_rows_##SUFFIX##_q6_k(mm, n_first, n_last);                      \
+        else if (mm->format == FORMAT_Q5_K) matmul_rows_##SUFFIX##_q5_k(mm, n_first, n_last);                      \
         else matmul_rows_##SUFFIX##_q4_0(mm, n_first, n_last);                                                     \
     }
 BY_FORMAT(avx2)
@@ -423,15 +462,15 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
         return NULL;
     }
-    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q6_K) {
-        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K) or 3 (Q6_K)");
+    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_K) {
+        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K) or 4 (Q5_K)");
         return NULL;
     }
-    mm.row_bytes = mm.format == FORMAT_Q8_0 || mm.format == FORMAT_Q6_K ? mm.k : mm.k / 2;
     const int64_t blocks = mm.k / BLOCK, supers = mm.k / SUPER;
-    mm.scale_bytes = mm.format == FORMAT_Q4_K   ? supers * (int64_t)sizeof(KScales)
-                     : mm.format == FORMAT_Q6_K ? supers * (int64_t)sizeof(Q6Scales)
-                                                : blocks * 2;
+    mm.row_bytes = supers * super_bytes(mm.format);
+    mm.scale_bytes = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K ? supers * (int64_t)sizeof(KScales)
+                     : mm.format == FORMAT_Q6_K                           ? supers * (int64_t)sizeof(Q6Scales)
+                                                                          : blocks * 2;
     /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
     int8_t *xq = malloc((size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks));
     if (xq == NULL) return PyErr_NoMemory();
@@ -586,7 +625,7 @@ static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
      "matmul(out, x, codes, scales, m, n, k, format, out_stride): out[m, n] = x[m, k] @ dequantized(codes, "
      "scales)[n, k]^T (pointers as ints; float32 out, its rows out_stride floats apart, and x; format 0: Q4_0, "
-     "1: Q8_0 (float16 scales), 2: Q4_K, 3: Q6_K (block_quant.py's scales))."},
+     "1: Q8_0 (float16 scales), 2: Q4_K, 3: Q6_K, 4: Q5_K (block_quant.py's scales))."},
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},

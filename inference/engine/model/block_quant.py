@@ -1,7 +1,8 @@
-"""Linear layers that keep a GGUF Q4_0, Q8_0, Q4_K or Q6_K file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit
-(Q8_0) codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's 4-bit codes
-with a scale and a minimum per 32 values (148 bytes per 256 against the file's 144); Q6_K's codes as bytes with a
-scale per 16 values (276 bytes per 256 against 210). The C kernel `_matmul.c` multiplies them.
+"""Linear layers that keep a GGUF Q4_0, Q8_0 or K-quant file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0)
+codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's and Q5_K's 4- or
+5-bit codes with a scale and a minimum per 32 values (152 and 184 bytes per 256 against the file's 144 and 176);
+Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210). The C kernel `_matmul.c` multiplies
+them.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
 value of largest magnitude is code 0 (Q4_0) or +-127 (Q8_0) times its scale, so the scale is found again, and every
@@ -11,11 +12,11 @@ per block of 32 values of a row, as llama.cpp does; docs/quantized-weights.md ha
 float32 expansion, and the speed against the int8 form.
 
 The K-quants' scales cannot be found again from the expansion (a Q4_K block's minimum is not one of its values, a
-Q6_K block has two scales), so their layers are made from the file's bytes (`encode_q4_k`, `encode_q6_k`), which
-loaders/gguf.py keeps for them.
+Q6_K block has two scales), so their layers are made from the file's bytes (`encode_q4_k`, `encode_q5_k`,
+`encode_q6_k`), which loaders/gguf.py keeps for them.
 
-The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and Q4_0 and Q8_0 layers take
-another form (stored_quant.py).
+The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and these layers take another form
+(stored_quant.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, q6_k_parts
+from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, q5_k_codes, q6_k_parts
 from inference.engine.model.matmul_kernel import KERNEL
 
 BLOCK = 32
@@ -45,8 +46,7 @@ def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = (extreme / -8).to(torch.float16).float()
     divisor = torch.where(scale != 0, scale, 1.0)[..., None]
     codes = _interleave(torch.clamp(torch.trunc(blocks / divisor + 8.5), 0, 15).to(torch.uint8))
-    packed = codes[:, :, :4] | (codes[:, :, 4:] << 4)  # vectors g and g + 4 share bytes
-    return packed.reshape(out_features, in_features // 2), scale.to(torch.float16)
+    return _pack_planes(codes, 0), scale.to(torch.float16)
 
 
 def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,47 +62,64 @@ def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _interleave(codes).reshape(out_features, in_features), scale.to(torch.float16)
 
 
-Q4_K_BYTES = 144  # a Q4_K super-block in the file: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of codes
+Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210  # a super-block of each in the file
 
 
 def encode_q4_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A Q4_K tensor's bytes [out, in / 256 * 144] in the kernel's layout: codes uint8 [out, in / 2] (0..15, packed as
     Q4_0's) and scales uint8 [out, in / 256, 24], each super-block's `KScales` (`_matmul.c`): d and dmin as float32,
     then the eight scales and the eight mins as bytes."""
-    out_features = blocks.shape[0]
     supers = blocks.reshape(-1, Q4_K_BYTES)
+    codes = k_low_nibbles(supers[:, 16:])
+    return _pack_planes(_interleave(codes.reshape(blocks.shape[0], -1, BLOCK)), 0), _k_scales(supers, blocks.shape[0])
+
+
+def encode_q5_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q5_K tensor's bytes [out, in / 256 * 176] in the kernel's layout: codes uint8 [out, in / 256 * 160] (the low
+    four bits packed as Q4_0's, then the plane of fifth bits) and scales as Q4_K's."""
+    supers = blocks.reshape(-1, Q5_K_BYTES)
+    codes = q5_k_codes(supers)
+    return _pack_planes(_interleave(codes.reshape(blocks.shape[0], -1, BLOCK)), 1), _k_scales(supers, blocks.shape[0])
+
+
+def _k_scales(supers: torch.Tensor, out_features: int) -> torch.Tensor:
+    """Q4_K or Q5_K super-blocks' `KScales`, uint8 [out, supers per row, 24]."""
     d, dmin = (supers[:, i : i + 2].contiguous().view(torch.float16).float() for i in (0, 2))
     scales, mins = k_scales_mins(supers[:, 4:16])
-    codes = _interleave(k_low_nibbles(supers[:, 16:]).reshape(out_features, -1, BLOCK))
-    packed = codes[:, :, :4] | (codes[:, :, 4:] << 4)
     sizes = torch.cat([d, dmin], dim=1).view(torch.uint8)  # [supers, 8]
-    kscales = torch.cat([sizes, scales.to(torch.uint8), mins.to(torch.uint8)], dim=1)
-    return packed.reshape(out_features, -1), kscales.reshape(out_features, -1, 24)
+    return torch.cat([sizes, scales.to(torch.uint8), mins.to(torch.uint8)], dim=1).reshape(out_features, -1, 24)
 
 
 def decode_q4_k(codes: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that Q4_K codes and scales stand for, computed as the file's expansion is."""
-    out_features = codes.shape[0]
+    return _decode_with_mins(_unpack_planes(codes, 0), kscales)
+
+
+def decode_q5_k(codes: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] that Q5_K codes and scales stand for, computed as the file's expansion is."""
+    return _decode_with_mins(_unpack_planes(codes, 1), kscales)
+
+
+def _decode_with_mins(vectors: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
+    out_features = vectors.shape[0]
     sizes = kscales[..., :8].contiguous().view(torch.float32)  # [out, supers, 2]: d, dmin
     scales, mins = kscales[..., 8:16].float(), kscales[..., 16:].float()
-    values = (_values(codes) + 8).float().reshape(out_features, -1, 8, BLOCK)
+    values = _deinterleave(vectors).float().reshape(out_features, -1, 8, BLOCK)
     weight = (sizes[..., :1] * scales)[..., None] * values - (sizes[..., 1:] * mins)[..., None]
     return weight.reshape(out_features, -1)
 
 
-Q6_K_BYTES = 210  # a Q6_K super-block in the file: 128 bytes of low nibbles, 64 of high bits, 16 scales, f16 d
-
-
 def encode_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q6_K tensor's bytes [out, in / 256 * 210] in the kernel's layout: codes int8 [out, in] (the value's code
-    minus 32, laid out as Q8_0's) and scales uint8 [out, in / 256, 20], each super-block's `Q6Scales` (`_matmul.c`):
-    d as float32, then each block's scale of its first 16 values, then of its second 16."""
+    """A Q6_K tensor's bytes [out, in / 256 * 210] in the kernel's layout: codes uint8 [out, in / 256 * 192] (the
+    codes 0..63, their low four bits packed as Q4_0's, then two planes of top bits) and scales uint8
+    [out, in / 256, 20], each super-block's `Q6Scales` (`_matmul.c`): d as float32, then each block's scale of its
+    first 16 values, then of its second 16."""
     out_features = blocks.shape[0]
     q, scales, d = q6_k_parts(blocks.reshape(-1, Q6_K_BYTES))
-    codes = _interleave(q.reshape(out_features, -1, BLOCK))
+    codes = _pack_planes(_interleave((q + 32).to(torch.uint8).reshape(out_features, -1, BLOCK)), 2)
     halves = scales.reshape(-1, 8, 2).transpose(1, 2).reshape(-1, 16)  # firsts, then seconds
     q6_scales = torch.cat([d.view(torch.uint8), halves.view(torch.uint8)], dim=1)
-    return codes.reshape(out_features, -1), q6_scales.reshape(out_features, -1, 20)
+    return codes, q6_scales.reshape(out_features, -1, 20)
 
 
 def decode_q6_k(codes: torch.Tensor, q6_scales: torch.Tensor) -> torch.Tensor:
@@ -111,8 +128,36 @@ def decode_q6_k(codes: torch.Tensor, q6_scales: torch.Tensor) -> torch.Tensor:
     d = q6_scales[..., :4].contiguous().view(torch.float32)  # [out, supers, 1]
     halves = q6_scales[..., 4:].contiguous().view(torch.int8).float().reshape(out_features, -1, 2, 8)
     per_16 = (d[..., None] * halves).transpose(2, 3).reshape(out_features, -1, 16)  # the file's order of scales
-    values = _deinterleave(codes.reshape(out_features, -1, 8, BLOCK)).float().reshape(out_features, -1, 16, 16)
-    return (per_16[..., None] * values).reshape(out_features, -1)
+    values = _deinterleave(_unpack_planes(codes, 2)).float() - 32
+    return (per_16[..., None] * values.reshape(out_features, -1, 16, 16)).reshape(out_features, -1)
+
+
+_PLANE_SHIFTS = {1: torch.arange(8, dtype=torch.int32), 2: torch.tensor([0, 2, 4, 6, 0, 2, 4, 6], dtype=torch.int32)}
+
+
+def _pack_planes(codes: torch.Tensor, high_bits: int) -> torch.Tensor:
+    """Codes [out, super-blocks, 8 vectors, 32] (at most 4 + high_bits bits) -> bytes [out, super-blocks * (128 + 32 *
+    high_bits)]: per super-block the low four bits, vectors g and g + 4 sharing bytes (Q4_0's packing), then the top
+    bits' planes: with one top bit, bit g of byte p is vector g's (Q5_K); with two, bits 2h and 2h + 1 of byte p of
+    the first plane are vector h's, of the second vector h + 4's (Q6_K)."""
+    out_features, supers = codes.shape[:2]
+    nibbles = codes & 0x0F
+    parts = [nibbles[:, :, :4] | (nibbles[:, :, 4:] << 4)]
+    if high_bits:
+        shifted = (codes >> 4).to(torch.int32) << _PLANE_SHIFTS[high_bits].reshape(1, 1, 8, 1)
+        parts.append(shifted.reshape(out_features, supers, high_bits, -1, BLOCK).sum(dim=3).to(torch.uint8))
+    return torch.cat(parts, dim=2).reshape(out_features, -1)
+
+
+def _unpack_planes(codes: torch.Tensor, high_bits: int) -> torch.Tensor:
+    """_pack_planes' inverse: bytes [out, super-blocks * (128 + 32 * high_bits)] -> codes [out, super-blocks, 8, 32]."""
+    rows = codes.reshape(codes.shape[0], -1, 4 + high_bits, BLOCK)
+    vectors = torch.cat([rows[:, :, :4] & 0x0F, rows[:, :, :4] >> 4], dim=2)
+    if high_bits:
+        planes = rows[:, :, 4:].repeat_interleave(8 // high_bits, dim=2).to(torch.int32)
+        top = (planes >> _PLANE_SHIFTS[high_bits].reshape(1, 1, 8, 1)) & ((1 << high_bits) - 1)
+        vectors = vectors | (top << 4).to(torch.uint8)
+    return vectors
 
 
 def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -123,13 +168,8 @@ def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that codes and scales stand for."""
-    return (_values(codes).float() * scales.float()[..., None]).reshape(codes.shape[0], -1)
-
-
-def _values(codes: torch.Tensor) -> torch.Tensor:
-    """Signed int8 values [out, blocks, 32] of codes in the kernel's layout."""
-    packed = codes.reshape(codes.shape[0], -1, 4, BLOCK)
-    return _deinterleave(torch.cat([packed & 0x0F, packed >> 4], dim=2)).to(torch.int8) - 8
+    values = _deinterleave(_unpack_planes(codes, 0)).float() - 8
+    return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)
 
 
 def _interleave(codes: torch.Tensor) -> torch.Tensor:
@@ -246,8 +286,17 @@ class Q4_KLinear(BlockLinear):
     encode = staticmethod(encode_q4_k)
 
 
+class Q5_KLinear(BlockLinear):
+    """Q5_K super-blocks: 5-bit codes (the low four bits two to a byte, the fifth in a plane of their own) and each
+    super-block's scales and mins, from the file's bytes."""
+
+    FORMAT = 4
+    encode = staticmethod(encode_q5_k)
+
+
 class Q6_KLinear(BlockLinear):
-    """Q6_K super-blocks: the codes minus 32 as signed bytes and each super-block's scales, from the file's bytes."""
+    """Q6_K super-blocks: 6-bit codes (the low four bits two to a byte, the top two in planes of their own) and each
+    super-block's scales, from the file's bytes."""
 
     FORMAT = 3
     encode = staticmethod(encode_q6_k)

@@ -6,12 +6,12 @@ channel (model/quantize.py's fbgemm layer), or float32 as the file expands to.
 The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
   of a quantized call (quantizing its activations) is several times a small float GEMM's.
-- Where the block kernel is built, Q4_0, Q8_0, Q4_K and Q6_K tensors keep the file's blocks: the file's exact
-  weights (for the 4-bit types in fewer bytes than int8), faster than int8 for one to eight rows on AVX-512 VNNI
-  (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md). Q5_K tensors become Q8_0 blocks of
-  their float expansion: 8-bit codes per 32 values, within a fraction of the file's own step, at the block kernel's
-  speed rather than fbgemm's. A layer fused from tensors of several types (a Q4_K_M file's q and k are Q4_K, its v
-  Q6_K in half the layers) is made of one block layer per run of rows of one form (block_quant.BlockParts).
+- Where the block kernel is built, Q4_0, Q8_0, Q4_K, Q5_K and Q6_K tensors keep the file's blocks: the file's exact
+  weights (for the 4- to 6-bit types in fewer bytes than int8), faster than int8 for one to eight rows on AVX-512
+  VNNI (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md). A layer fused from tensors of
+  several types (a Q4_K_M file's q and k are Q4_K, its v Q6_K in half the layers) is made of one block layer per run
+  of rows of one type (block_quant.BlockParts). (A K-quant whose bytes the checkpoint did not keep becomes Q8_0
+  blocks of its expansion.)
 - Without the block kernel, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for
   torch's int4 kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
@@ -33,6 +33,7 @@ from inference.engine.model.block_quant import (
     BlockParts,
     Q4_0Linear,
     Q4_KLinear,
+    Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
     fits_blocks,
@@ -42,8 +43,8 @@ from inference.engine.model.quantize import DynamicInt8Linear
 
 QUANTIZED_TYPES = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"})
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
-BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")  # the types whose blocks the block kernel multiplies as they are
-FILE_BYTES_TYPES = frozenset({"Q4_K", "Q6_K"})  # the types whose layers are made from the file's bytes
+BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the types whose blocks the block kernel multiplies as they are
+FILE_BYTES_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})  # the types whose layers are made from the file's bytes
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
 
@@ -69,8 +70,8 @@ class KeepQuantized:
     min_elements: int = MIN_QUANTIZED_ELEMENTS
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "q4_0", "q8_0", "q4_k", "q6_k", "parts" (each source in its block form, `block_form`), "int4", "int8", or
-        None (stays float) for a linear layer fused from the tensors `sources`."""
+        """ "q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "parts" (each source in its block form, `block_form`), "int4",
+        "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
@@ -94,6 +95,7 @@ LAYERS = {
     "q4_0": Q4_0Linear,
     "q8_0": Q8_0Linear,
     "q4_k": Q4_KLinear,
+    "q5_k": Q5_KLinear,
     "q6_k": Q6_KLinear,
     "int4": Int4Linear,
     "int8": DynamicInt8Linear,
