@@ -189,6 +189,23 @@ def test_a_layer_fused_from_several_types_keeps_each_ones_blocks(tmp_path: Path)
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtype: Q):
+    """Made from the file's bytes, the kept layers' weights are never decoded to float32: only the embedding and
+    the norms are (so a load's peak memory is near the file's size, not the float32 model's)."""
+    path = write_wide_gguf(tmp_path, qtype, types=Q4_K_M if qtype == Q.Q4_K else None)
+    checkpoint = read_gguf(path)
+    stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
+    keep = KeepQuantized(stored, checkpoint.file_bytes, block_kernel=True)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    assert linear_formats(model).get("float32", 0) == 0
+    assert checkpoint.tensors.decoded == {"model.embed_tokens.weight", "model.norm.weight"} | {
+        f"model.layers.0.{norm}.weight" for norm in ("input_layernorm", "post_attention_layernorm")
+    }
+    for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
+        assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
 def test_float_tensors_compute_as_before(tmp_path: Path):
     path = write_wide_gguf(tmp_path, Q.F32)
     model = _model(path, _keep(path, "q4_0"))

@@ -2,8 +2,9 @@
 
 Three things differ from a Hugging Face checkpoint and are undone here:
 - names: `blk.N.attn_q.weight` and friends become `model.layers.N.self_attn.q_proj.weight` and friends;
-- layout: quantized blocks are dequantized (the K-quant tensors' bytes are kept as well, for the layers that keep them
-  in memory), and ggml shapes (ne0, the input dim, first) become torch [out, in];
+- layout: quantized blocks are dequantized, each tensor when a load first asks for it (`LazyTensors`: a layer that
+  keeps the file's blocks is made from its bytes, which are kept for every quantized tensor, and its float32
+  expansion is never made), and ggml shapes (ne0, the input dim, first) become torch [out, in];
 - RoPE order: llama.cpp's `llama` architecture rotates adjacent pairs, so its converter stores q/k rows in Meta's
   interleaved order; the model rotates halves (HF `rotate_half`), so llama q/k rows are permuted back. qwen2 and
   qwen3 GGUFs already use the half-split (NEOX) order and are taken as stored.
@@ -15,7 +16,9 @@ that is not a GGUF, is cut short, or holds the wrong tensors raises `LoadError` 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -50,10 +53,35 @@ _LAYER_NAMES = {
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
 
+class LazyTensors(Mapping[str, torch.Tensor]):
+    """A GGUF file's tensors by Hugging Face name, each decoded to float32 when first asked for (and kept): a load
+    asks only for those it computes with in float, so the weights of layers that keep the file's blocks are never
+    expanded (peak memory near the file's size rather than the float32 model's). `decoded` names those asked for."""
+
+    def __init__(self, decoders: dict[str, Callable[[], torch.Tensor]]):
+        self._decoders = decoders
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    @property
+    def decoded(self) -> frozenset[str]:
+        return frozenset(self._tensors)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._tensors:
+            self._tensors[name] = self._decoders[name]()
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoders)
+
+    def __len__(self) -> int:
+        return len(self._decoders)
+
+
 @dataclass(slots=True)
 class GGUFCheckpoint:
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # Hugging Face names, float32 on CPU, q/k in rotate_half layout
+    tensors: LazyTensors  # Hugging Face names, float32 on CPU, q/k in rotate_half layout
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
     tensor_types: dict[str, str]  # each tensor's ggml type name in the file ("F32", "Q8_0", "Q4_K", ...), by HF name
     # The file's bytes [rows, bytes per row] of each tensor of a type in FILE_BYTES_TYPES, rows in the floats' order:
@@ -67,7 +95,9 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
     reader = _open(path)
     by_name = {t.name: t for t in reader.tensors}
     freqs = by_name.pop(ROPE_FREQS_TENSOR, None)
-    rope_freqs = None if freqs is None else _decode(path, freqs, tuple(int(n) for n in reversed(freqs.shape))).numpy()
+    rope_freqs = None
+    if freqs is not None:
+        rope_freqs = _decode(path, freqs, tuple(int(n) for n in reversed(freqs.shape)), None).numpy()
     config = config_from_gguf(reader, path, rope_freqs)
     hf_to_gguf = {}
     for name in by_name:
@@ -84,19 +114,20 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
             raise LoadError(path, f"unexpected tensor {name}: the metadata describes a model without it")
     progress = progress or ReadProgress()
     progress.expect(len(hf_to_gguf), sum(int(by_name[name].n_bytes) for name in hf_to_gguf.values()))
-    tensors, file_bytes = {}, {}
+    heads = _qk_heads(config) if config.architecture == "llama" else {}  # rows to take back to rotate_half order
+    decoders, file_bytes = {}, {}
     for hf_name, name in hf_to_gguf.items():
         tensor = by_name[name]
-        tensors[hf_name] = _decode(path, tensor, expected[hf_name])
+        _check_type(path, tensor)
+        decoders[hf_name] = partial(_decode, path, tensor, expected[hf_name], heads.get(hf_name))
         if tensor.tensor_type.name in FILE_BYTES_TYPES:
-            rows = torch.from_numpy(np.array(tensor.data)).view(torch.uint8)
-            file_bytes[hf_name] = rows.reshape(expected[hf_name][0], -1)
+            rows = _file_rows(path, tensor, expected[hf_name])
+            file_bytes[hf_name] = rows if hf_name not in heads else _interleaved_to_half_split(rows, heads[hf_name])
         progress.read(int(tensor.n_bytes))
-    if config.architecture == "llama":
-        _permute_qk_to_rotate_half(tensors, config)
-        _permute_qk_to_rotate_half(file_bytes, config)
     types = {hf_name: by_name[name].tensor_type.name for hf_name, name in hf_to_gguf.items()}
-    return GGUFCheckpoint(config=config, tensors=tensors, reader=reader, tensor_types=types, file_bytes=file_bytes)
+    return GGUFCheckpoint(
+        config=config, tensors=LazyTensors(decoders), reader=reader, tensor_types=types, file_bytes=file_bytes
+    )
 
 
 def read_gguf_config(path: str | Path) -> ModelConfig:
@@ -162,22 +193,35 @@ def _check_type(path: Path, tensor: gguf.ReaderTensor) -> None:
         raise LoadError(path, f"tensor {tensor.name} has type {tensor.tensor_type.name}; supported types: {supported}")
 
 
-def _decode(path: Path, tensor: gguf.ReaderTensor, torch_shape: tuple[int, ...]) -> torch.Tensor:
+def _decode(path: Path, tensor: gguf.ReaderTensor, torch_shape: tuple[int, ...], heads: int | None) -> torch.Tensor:
+    """The tensor as float32, its rows taken from interleaved pairs to rotate_half's order where `heads` is given."""
     _check_type(path, tensor)
     try:
-        return dequantize(tensor.data, tensor.tensor_type, torch_shape)
+        decoded = dequantize(tensor.data, tensor.tensor_type, torch_shape)
     except ValueError as exc:
         raise LoadError(path, f"tensor {tensor.name}: {exc}") from exc
+    return decoded if heads is None else _interleaved_to_half_split(decoded, heads)
 
 
-def _permute_qk_to_rotate_half(tensors: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    """Reorders llama q/k rows (and biases) from interleaved pairs to HF's half-split layout, in place."""
+def _file_rows(path: Path, tensor: gguf.ReaderTensor, torch_shape: tuple[int, ...]) -> torch.Tensor:
+    """A quantized tensor's bytes as they are in the file, one row of blocks per output row: uint8 [rows, bytes]."""
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
+    data = torch.from_numpy(np.array(tensor.data)).view(torch.uint8).reshape(-1)
+    rows, columns = torch_shape[0], int(np.prod(torch_shape[1:], dtype=np.int64))
+    if columns % block_size or data.numel() != rows * columns // block_size * block_bytes:
+        raise LoadError(path, f"tensor {tensor.name}: {data.numel()} bytes do not hold shape {list(torch_shape)}")
+    return data.reshape(rows, -1)
+
+
+def _qk_heads(config: ModelConfig) -> dict[str, int]:
+    """llama's q/k weights and biases, whose rows go from interleaved pairs to HF's half-split layout, and the heads
+    each holds."""
+    heads = {}
     for i in range(config.num_layers):
-        for proj, heads in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
+        for proj, count in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
             for kind in ("weight", "bias"):
-                name = f"model.layers.{i}.self_attn.{proj}.{kind}"
-                if name in tensors:
-                    tensors[name] = _interleaved_to_half_split(tensors[name], heads)
+                heads[f"model.layers.{i}.self_attn.{proj}.{kind}"] = count
+    return heads
 
 
 def _interleaved_to_half_split(w: torch.Tensor, n_heads: int) -> torch.Tensor:

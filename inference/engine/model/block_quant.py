@@ -11,9 +11,10 @@ per output channel, and for both none of its requantization error. Each call qua
 per block of 32 values of a row, as llama.cpp does; docs/quantized-weights.md has the error this gives against the
 float32 expansion, and the speed against the int8 form.
 
-The K-quants' scales cannot be found again from the expansion (a Q4_K block's minimum is not one of its values, a
-Q6_K block has two scales), so their layers are made from the file's bytes (`encode_q4_k`, `encode_q5_k`,
-`encode_q6_k`), which loaders/gguf.py keeps for them.
+A load makes every layer from the file's bytes, which loaders/gguf.py keeps for the quantized tensors, so it never
+expands them to float32 (`encode_q4_0_blocks`, `encode_q8_0_blocks`, `encode_q4_k`, ...); the K-quants' scales could
+not be found again from the expansion anyway (a Q4_K block's minimum is not one of its values, a Q6_K block has two
+scales).
 
 The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and these layers take another form
 (stored_quant.py).
@@ -160,6 +161,32 @@ def _unpack_planes(codes: torch.Tensor, high_bits: int) -> torch.Tensor:
     return vectors
 
 
+Q4_0_BYTES, Q8_0_BYTES = 18, 34  # a block of each in the file: f16 d, then 16 bytes of nibbles or 32 signed codes
+
+
+def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_0 tensor's bytes [out, in / 32 * 18] in the kernel's layout, as `encode_q4_0` makes it from the
+    expansion."""
+    out_features = blocks.shape[0]
+    rows = blocks.reshape(out_features, -1, Q4_0_BYTES)
+    codes = torch.cat([rows[..., 2:] & 0x0F, rows[..., 2:] >> 4], dim=-1)  # values 0..15, then 16..31
+    return _pack_planes(_interleave(codes), 0), _f16_scales(rows)
+
+
+def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q8_0 tensor's bytes [out, in / 32 * 34] in the kernel's layout, as `encode_q8_0` makes it from the
+    expansion."""
+    out_features = blocks.shape[0]
+    rows = blocks.reshape(out_features, -1, Q8_0_BYTES)
+    codes = rows[..., 2:].contiguous().view(torch.int8)
+    return _interleave(codes).reshape(out_features, -1), _f16_scales(rows)
+
+
+def _f16_scales(rows: torch.Tensor) -> torch.Tensor:
+    """Each block's float16 scale, its first two bytes: [out, blocks]."""
+    return rows[..., :2].contiguous().view(torch.float16).reshape(rows.shape[0], -1)
+
+
 def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] that Q8_0 codes and scales stand for."""
     values = _deinterleave(codes.reshape(codes.shape[0], -1, 8, BLOCK))
@@ -215,15 +242,19 @@ class _BlockProduct(nn.Module):
 
 
 class BlockLinear(_BlockProduct):
-    """A linear layer whose weight is a GGUF file's blocks, codes and scales as `encode` lays them out (from the
-    float weight, or for the K-quants from the file's bytes, `stored`)."""
+    """A linear layer whose weight is a GGUF file's blocks, codes and scales as `encode` lays them out from the file's
+    bytes (`stored`, [out, bytes per row]), or for Q4_0 and Q8_0 as `encode_weight` finds them again in the float
+    weight."""
 
     FORMAT: int  # the kernel's code for the weight format
     encode: staticmethod
+    encode_weight: staticmethod | None = None
 
     def __init__(self, linear: nn.Linear, stored: torch.Tensor | None = None):
         super().__init__()
-        codes, scales = self.encode(linear.weight.detach() if stored is None else stored)
+        if stored is None and self.encode_weight is None:
+            raise ValueError(f"a {type(self).__name__} is made from the file's bytes")
+        codes, scales = self.encode(stored) if stored is not None else self.encode_weight(linear.weight.detach())
         self.out_features, self.in_features = linear.weight.shape
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
@@ -268,14 +299,16 @@ class Q4_0Linear(BlockLinear):
     """Q4_0 blocks: 4-bit codes (the value plus 8, two to a byte)."""
 
     FORMAT = 0
-    encode = staticmethod(encode_q4_0)
+    encode = staticmethod(encode_q4_0_blocks)
+    encode_weight = staticmethod(encode_q4_0)
 
 
 class Q8_0Linear(BlockLinear):
     """Q8_0 blocks: signed 8-bit codes."""
 
     FORMAT = 1
-    encode = staticmethod(encode_q8_0)
+    encode = staticmethod(encode_q8_0_blocks)
+    encode_weight = staticmethod(encode_q8_0)
 
 
 class Q4_KLinear(BlockLinear):

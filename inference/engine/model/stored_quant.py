@@ -44,7 +44,9 @@ from inference.engine.model.quantize import DynamicInt8Linear
 QUANTIZED_TYPES = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"})
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
 BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the types whose blocks the block kernel multiplies as they are
-FILE_BYTES_TYPES = frozenset({"Q4_K", "Q5_K", "Q6_K"})  # the types whose layers are made from the file's bytes
+BLOCK_FORMS = frozenset(t.lower() for t in BLOCK_TYPES)
+# The types whose bytes a GGUF checkpoint keeps (loaders/gguf.py), for the block layers made from them.
+FILE_BYTES_TYPES = QUANTIZED_TYPES
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
 
@@ -83,12 +85,11 @@ class KeepQuantized:
         return "int8"
 
     def block_form(self, source: str) -> str:
-        """The block layer a quantized tensor becomes: its own type's blocks where the kernel has them (the K-quants'
-        made from the file's bytes), else Q8_0 blocks of its expansion."""
+        """The block layer a quantized tensor becomes: its own type's blocks, made from the file's bytes (Q4_0's and
+        Q8_0's can be found again in the expansion too); a K-quant whose bytes were not kept, Q8_0 blocks of its
+        expansion."""
         stored = self.stored_types[source]
-        if stored not in BLOCK_TYPES or (stored in FILE_BYTES_TYPES and source not in self.file_bytes):
-            return "q8_0"
-        return stored.lower()
+        return stored.lower() if source in self.file_bytes or stored in ("Q4_0", "Q8_0") else "q8_0"
 
 
 LAYERS = {
@@ -102,19 +103,32 @@ LAYERS = {
 }
 
 
+def made_from_file(model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized) -> set[str]:
+    """The names of the linear layers that `keep` makes from the file's bytes alone (`model` may be on the meta
+    device: only the layers' shapes are read), whose float weights a load therefore never needs."""
+    names = set()
+    for qualified, module in model.named_modules():
+        if qualified in sources and isinstance(module, nn.Linear):
+            form = keep.form(module, sources[qualified])
+            if (form in BLOCK_FORMS or form == "parts") and all(n in keep.file_bytes for n in sources[qualified]):
+                names.add(qualified)
+    return names
+
+
 def keep_quantized(
     model: nn.Module, sources: dict[str, list[str]], keep: KeepQuantized, rows: Mapping[str, int]
 ) -> None:
     """Replaces, in place, each of the model's float32 linear layers (by module name in `sources`, with the tensors
-    each is fused from, whose output rows `rows` gives) that `keep` says stays quantized."""
+    each is fused from, whose output rows `rows` gives) that `keep` says stays quantized. The layers `made_from_file`
+    names may hold meta weights: they are made from the file's bytes."""
     for qualified, module in list(model.named_modules()):
         if qualified not in sources or not isinstance(module, nn.Linear):
             continue
         form = keep.form(module, sources[qualified])
         if form == "parts":
             layer: nn.Module = BlockParts(module, _block_parts(module, sources[qualified], keep, rows))
-        elif form is not None and form.upper() in FILE_BYTES_TYPES:  # its rows: its sources' rows, one after another
-            layer = LAYERS[form](module, torch.cat([keep.file_bytes[name] for name in sources[qualified]]))
+        elif form in BLOCK_FORMS:
+            layer = _block_layer(form, module, sources[qualified], keep)
         elif form is not None:
             layer = LAYERS[form](module)
         else:
@@ -140,6 +154,13 @@ def _block_parts(
         part = nn.Linear(linear.in_features, count, bias=False, device="meta")
         part.weight = nn.Parameter(linear.weight.detach()[first : first + count], requires_grad=False)
         first += count
-        stored = torch.cat([keep.file_bytes[name] for name in names]) if form.upper() in FILE_BYTES_TYPES else None
-        parts.append(LAYERS[form](part, stored))
+        parts.append(_block_layer(form, part, names, keep))
     return parts
+
+
+def _block_layer(form: str, linear: nn.Linear, sources: list[str], keep: KeepQuantized) -> BlockLinear:
+    """A block layer of `form` for a layer fused from `sources`: from their bytes (its rows: theirs, one after
+    another) where the checkpoint kept them, else from the float weight."""
+    if all(name in keep.file_bytes for name in sources):
+        return LAYERS[form](linear, torch.cat([keep.file_bytes[name] for name in sources]))
+    return LAYERS[form](linear)

@@ -15,6 +15,8 @@ microsecond per call, some ten calls per layer and step, and the model registers
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,7 @@ from inference.engine.model.kv_cache import CacheView, KVCache
 from inference.engine.model.paged_attention import decode_attention
 from inference.engine.model.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.model.quantize import quantize_linears
-from inference.engine.model.stored_quant import KeepQuantized, keep_quantized
+from inference.engine.model.stored_quant import KeepQuantized, keep_quantized, made_from_file
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
 
 
@@ -336,7 +338,7 @@ class Transformer(nn.Module):
     def from_hf_weights(
         cls,
         config: ModelConfig,
-        tensors: dict[str, torch.Tensor],
+        tensors: Mapping[str, torch.Tensor],
         *,
         context_window: int,
         device: torch.device | str = "cpu",
@@ -355,13 +357,17 @@ class Transformer(nn.Module):
         ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
 
         `keep` names the Hugging Face weights the checkpoint stores quantized: on CPU in float32, the linear layers
-        made of them stay quantized in the form model/stored_quant.py chooses."""
+        made of them stay quantized in the form model/stored_quant.py chooses; those made from the file's bytes are
+        never asked of `tensors` (a GGUF checkpoint decodes each tensor when asked: loaders/gguf.py)."""
         if quantize and attachable:
             raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
         with torch.device("meta"):
             model = cls(config)
         on_cpu = torch.device(device).type == "cpu"
-        fused = fuse_hf_weights(config, tensors)
+        sources = linear_sources(config)
+        keeps = keep is not None and on_cpu and not attachable and not quantize and dtype == torch.float32
+        from_file = {f"{name}.weight" for name in made_from_file(model, sources, keep)} if keeps else set()
+        fused = fuse_hf_weights(config, tensors, skip=from_file)
         if attachable and on_cpu:
             model.arena, weights = place_in_arena(fused, dtype)
         else:
@@ -373,6 +379,7 @@ class Transformer(nn.Module):
                 weights[name] = converted[id(tensor)]
             del converted  # so each replaced linear layer below frees its weight
         del fused
+        weights |= {name: model.get_parameter(name) for name in from_file}  # left on the meta device
         model.load_state_dict(weights, assign=True)
         del weights
         model.rope_cos, model.rope_sin_signed = rope_tables(config, context_window, torch.device(device))
@@ -380,8 +387,9 @@ class Transformer(nn.Module):
         if quantize:
             quantize_linears(model)
             return model
-        if keep is not None and on_cpu and not attachable and dtype == torch.float32:
-            keep_quantized(model, linear_sources(config), keep, {name: t.shape[0] for name, t in tensors.items()})
+        if keeps:
+            rows = {name: shape[0] for name, shape in expected_hf_shapes(config).items()}
+            keep_quantized(model, sources, keep, rows)
         if on_cpu and not attachable:
             cpu_linears(model, float32=dtype == torch.float32)
         return model
@@ -458,28 +466,39 @@ def linear_sources(config: ModelConfig) -> dict[str, list[str]]:
     return sources
 
 
-def fuse_hf_weights(config: ModelConfig, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Renames Hugging Face weights to this model's state dict, concatenating q/k/v and gate/up."""
-    out = {
-        "embed.weight": hf["model.embed_tokens.weight"],
-        "norm.weight": hf["model.norm.weight"],
-        "lm_head.weight": hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"],
+def fuse_hf_weights(
+    config: ModelConfig, hf: Mapping[str, torch.Tensor], skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor]:
+    """Renames Hugging Face weights to this model's state dict, concatenating q/k/v and gate/up; the names in `skip`
+    are left out, and the weights only they are made of never asked of `hf`."""
+    parts: dict[str, Callable[[], torch.Tensor]] = {
+        "embed.weight": lambda: hf["model.embed_tokens.weight"],
+        "norm.weight": lambda: hf["model.norm.weight"],
+        "lm_head.weight": lambda: hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"],
     }
     for i in range(config.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        out[dst + "attention.wqkv.weight"] = torch.cat([hf[f"{attn}{n}_proj.weight"] for n in "qkv"])
+        parts[dst + "attention.wqkv.weight"] = partial(_cat, hf, [f"{attn}{n}_proj.weight" for n in "qkv"])
         if config.attention_bias:
-            out[dst + "attention.wqkv.bias"] = torch.cat([hf[f"{attn}{n}_proj.bias"] for n in "qkv"])
+            parts[dst + "attention.wqkv.bias"] = partial(_cat, hf, [f"{attn}{n}_proj.bias" for n in "qkv"])
         if config.qk_norm:
-            q_rows = hf[attn + "q_norm.weight"].expand(config.num_heads, -1)
-            k_rows = hf[attn + "k_norm.weight"].expand(config.num_kv_heads, -1)
-            out[dst + "attention.qk_norm.weight"] = torch.cat([q_rows, k_rows])
-        out[dst + "attention.wo.weight"] = hf[attn + "o_proj.weight"]
-        out[dst + "feed_forward.w13.weight"] = torch.cat(
-            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
+            parts[dst + "attention.qk_norm.weight"] = partial(_qk_norm_rows, hf, attn, config)
+        parts[dst + "attention.wo.weight"] = partial(hf.__getitem__, attn + "o_proj.weight")
+        parts[dst + "feed_forward.w13.weight"] = partial(
+            _cat, hf, [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"]
         )
-        out[dst + "feed_forward.w2.weight"] = hf[src + "mlp.down_proj.weight"]
-        out[dst + "attention_norm.weight"] = hf[src + "input_layernorm.weight"]
-        out[dst + "ffn_norm.weight"] = hf[src + "post_attention_layernorm.weight"]
-    return out
+        parts[dst + "feed_forward.w2.weight"] = partial(hf.__getitem__, src + "mlp.down_proj.weight")
+        parts[dst + "attention_norm.weight"] = partial(hf.__getitem__, src + "input_layernorm.weight")
+        parts[dst + "ffn_norm.weight"] = partial(hf.__getitem__, src + "post_attention_layernorm.weight")
+    return {name: make() for name, make in parts.items() if name not in skip}
+
+
+def _cat(hf: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([hf[name] for name in names])
+
+
+def _qk_norm_rows(hf: Mapping[str, torch.Tensor], attn: str, config: ModelConfig) -> torch.Tensor:
+    q_rows = hf[attn + "q_norm.weight"].expand(config.num_heads, -1)
+    k_rows = hf[attn + "k_norm.weight"].expand(config.num_kv_heads, -1)
+    return torch.cat([q_rows, k_rows])
