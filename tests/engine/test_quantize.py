@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.loaders.loading import load_model
+from inference.engine.loaders.loading import linear_formats, load_model
+from inference.engine.model import quantize as quantize_module
+from inference.engine.model.block_quant import KERNEL
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
 from inference.engine.model.runner import ModelRunner
@@ -86,6 +88,47 @@ def test_int8_with_qkv_bias_and_qk_norm(tmp_path):
             quantize_linears(model)
         logits.append(greedy(ModelRunner(model, max_concurrent=1, context_window=64), list(range(10, 30)), 1)[0])
     assert ((logits[1] - logits[0]).norm() / logits[0].norm()).item() < RANDOM_REL
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the block kernel was not built: every layer is int8")
+def test_layers_the_block_kernel_takes_become_q8_0_blocks(monkeypatch):
+    """A llama 256 wide: every linear layer (input features a multiple of 256) becomes Q8_0 blocks, the decode plan
+    serves it, and it is closer to the float model than int8 per channel (measured 2.9% against 5.3%)."""
+    torch.manual_seed(0)
+    config = ModelConfig(
+        architecture="llama",
+        vocab_size=300,
+        hidden_size=256,
+        intermediate_size=512,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    tensors = {
+        name: torch.randn(shape) * (1.0 if "norm" in name else 0.05)
+        for name, shape in expected_hf_shapes(config).items()
+    }
+
+    def served(quantize: bool) -> tuple[Transformer, ModelRunner, torch.Tensor]:
+        model = Transformer.from_hf_weights(config, tensors, context_window=64, quantize=quantize)
+        runner = ModelRunner(model, max_concurrent=1, context_window=64)
+        logits = greedy(runner, list(range(10, 30)), 1)[0]
+        return model, runner, logits
+
+    _, _, reference = served(False)
+    blocks, runner, q8_0 = served(True)
+    assert linear_formats(blocks) == {"q8_0": 2 * 4 + 1}  # four per layer and the output head
+    assert runner.plan is not None
+    monkeypatch.setattr(quantize_module, "KERNEL", None)  # a build without the kernel: int8 per channel
+    per_channel, _, int8 = served(True)
+    assert linear_formats(per_channel) == {"int8": 9}
+    q8_0_error, int8_error = (((got - reference).norm() / reference.norm()).item() for got in (q8_0, int8))
+    assert q8_0_error < 0.04 and q8_0_error < int8_error
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,4 +1,9 @@
-"""int8 linear weights (`quantize=True` at load): a quarter of float32's weight bytes per decoded token.
+"""8-bit linear weights (`quantize=True` at load): a quarter of float32's weight bytes per decoded token.
+
+On a CPU where the block kernel is built, a layer whose input features are a multiple of 256 becomes Q8_0 blocks,
+as a GGUF Q8_0 file holds them (model/block_quant.py: 8-bit codes and a float16 scale per 32 input values): scaled
+per 32 values rather than per output row, it is closer to the float weights than int8 per channel, and it decodes
+on the block kernel and through the decode plan (docs/quantized-weights.md). The rest is int8 as below.
 
 On CPU this is dynamic quantization: weights int8 per output channel, prepacked for fbgemm, and each call quantizes
 its activations to uint8 on the fly (`quantized::linear_dynamic`). Measured on this project's 2-core AVX-512 machine
@@ -23,6 +28,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inference.engine.model.block_quant import KERNEL, Q8_0Linear, fits_blocks
 
 # Without VNNI, fbgemm multiplies u8 x s8 pairs into saturating int16: full-range activations could overflow.
 REDUCE_RANGE = not getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
@@ -75,10 +82,14 @@ class WeightOnlyInt8Linear(nn.Module):
 
 
 def quantize_linears(model: nn.Module) -> nn.Module:
-    """Replaces every nn.Linear of the model in place with its int8 counterpart for the model's device."""
+    """Replaces every nn.Linear of the model in place with its 8-bit counterpart for the model's device: Q8_0 blocks
+    where the block kernel takes the layer, else int8."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                int8 = DynamicInt8Linear if child.weight.device.type == "cpu" else WeightOnlyInt8Linear
-                setattr(parent, name, int8(child))
+                on_cpu = child.weight.device.type == "cpu"
+                if on_cpu and KERNEL is not None and fits_blocks(child):
+                    setattr(parent, name, Q8_0Linear(child))
+                else:
+                    setattr(parent, name, (DynamicInt8Linear if on_cpu else WeightOnlyInt8Linear)(child))
     return model
