@@ -16,19 +16,13 @@ from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
 from inference.engine.model.block_quant import (
     BlockParts,
-    Q4_0Linear,
-    Q4_KLinear,
-    Q5_KLinear,
-    Q6_KLinear,
-    Q8_0Linear,
     decode_q4_k,
     decode_q5_k,
     decode_q6_k,
 )
-from inference.engine.model.int4 import GROUP_SIZE, Int4Linear, group_quantize
-from inference.engine.model.quantize import DynamicInt8Linear
+from inference.engine.model.int4 import GROUP_SIZE, group_quantize
 from inference.engine.model.runner import ModelRunner
-from inference.engine.model.stored_quant import QUANTIZED_TYPES, KeepQuantized
+from inference.engine.model.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import Transformer, linear_sources
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
@@ -67,15 +61,6 @@ TOLERANCE = {
     ("int8", "Q5_K"): 0.02,
     ("int8", "Q6_K"): 0.2,
     ("int8", "Q8_0"): 0.1,
-}
-LAYER_CLASS = {
-    "q4_0": Q4_0Linear,
-    "q8_0": Q8_0Linear,
-    "q4_k": Q4_KLinear,
-    "q5_k": Q5_KLinear,
-    "q6_k": Q6_KLinear,
-    "int4": Int4Linear,
-    "int8": DynamicInt8Linear,
 }
 
 
@@ -149,7 +134,7 @@ def write_wide_gguf(
 def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form: str, qtype: str):
     path = write_wide_gguf(tmp_path, Q[qtype])
     reference, kept = _model(path), _model(path, _keep(path, form))
-    layers = [m for m in kept.modules() if isinstance(m, LAYER_CLASS[form])]
+    layers = [m for m in kept.modules() if isinstance(m, LAYERS[form])]
     assert len(layers) == 5  # wqkv, wo, w13, w2 and the output head
     assert weight_bytes(kept) < (0.6 if form == "int8" else 0.5) * weight_bytes(reference)
     for got, want in zip(_logits(kept), _logits(reference), strict=True):
@@ -165,7 +150,7 @@ def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q)
     form = qtype.name.lower()
     model = _model(path, _keep(path, form))
     sources = linear_sources(checkpoint.config)
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYER_CLASS[form])}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYERS[form])}
     assert sorted(layers) == sorted(sources)
     decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k}[qtype]
     for name, layer in layers.items():
