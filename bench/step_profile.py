@@ -6,7 +6,7 @@ in bench/engine_bench.py). The wall time is the served step's (model/decode_plan
 the threads step_threads.py gives a two-thread worker); the groups are the module forward's, whose calls the
 profiler can label (`forward` is its wall time).
 
-Run: .venv/bin/python bench/step_profile.py [--models DIR] [--batches 1,8,32] [--context 128]
+Run: .venv/bin/python bench/step_profile.py [--models DIR] [--batches 1,8,32] [--context 128] [--gguf FILE]...
 """
 
 from __future__ import annotations
@@ -117,21 +117,30 @@ def main() -> None:
     )
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--context", type=int, default=128, help="tokens each sequence holds before the steps")
+    parser.add_argument(
+        "--gguf",
+        action="append",
+        default=[],
+        type=Path,
+        help="another GGUF file of the random 85M model (a K-quant that llama.cpp's llama-quantize wrote), labelled "
+        "by its stem's last part; repeatable",
+    )
     args = parser.parse_args()
     stories_hf, stories_gguf = args.models / "stories260K-hf", args.models / "stories260K.gguf"
     _, f32 = write_random_llama(stories_hf, stories_gguf)
     models = [("F32", f32), *((q, write_quantized_gguf(stories_hf, stories_gguf, q)) for q in ("Q8_0", "Q4_0"))]
+    models += [(path.stem.rsplit("-", 1)[-1], path) for path in args.gguf]
     bandwidth = copy_bandwidth_gbs()
     print(f"{torch.get_num_threads()} threads; copy bandwidth {bandwidth:.1f} GB/s; ms per decode step")
     names = [*GROUPS, "other ops"]
-    print(f"{'model':<6} {'batch':>5} {'wall':>7} {'forward':>7} {'floor':>6} " + " ".join(f"{n:>10}" for n in names))
+    print(f"{'model':<7} {'batch':>5} {'wall':>7} {'forward':>7} {'floor':>6} " + " ".join(f"{n:>10}" for n in names))
     for label, path in models:
         for batch in (int(b) for b in args.batches.split(",")):
             row = profile_step(path, batch, args.context)
             floor = 1000 * row["weight_bytes"] / (bandwidth * 1e9)
             cells = " ".join(f"{row['groups'].get(n, 0.0):>10.2f}" for n in names)
             print(
-                f"{label:<6} {batch:>5} {row['wall_ms']:>7.2f} {row['forward_ms']:>7.2f} {floor:>6.2f} {cells}  "
+                f"{label:<7} {batch:>5} {row['wall_ms']:>7.2f} {row['forward_ms']:>7.2f} {floor:>6.2f} {cells}  "
                 f"{row['formats']}",
                 flush=True,
             )
