@@ -1,8 +1,8 @@
 """GGUF dequantization against the `gguf` package's own reference decoder, one test per supported tensor type.
 
-Types gguf-py can encode (F16, BF16, Q8_0, Q4_0) are quantized from random floats with `gguf.quants.quantize`; the
-K-quants, which it can only decode, are random raw blocks with sane f16 scales, which exercises every bit of the
-packing.
+Types gguf-py can encode (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from random floats with
+`gguf.quants.quantize`; the K-quants and i-quants, which it can only decode, are random raw blocks with sane f16
+scales, which exercises every bit of the packing.
 """
 
 from __future__ import annotations
@@ -21,10 +21,15 @@ from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from tests.engine.gguf_builders import hf_permute, write_gguf
 
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# The types decoded by this project's own torch code, then those gguf-py's decoder does for it.
+OWN_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+LIBRARY_TYPES = [Q.Q2_K, Q.Q3_K, Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS]
+TYPES = OWN_TYPES + LIBRARY_TYPES
 
-# Where each K-quant block keeps its f16 super-block scales (d, and dmin for Q4_K/Q5_K).
-_K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+# Where each K-quant or i-quant block keeps its f16 scales (d, and dmin for Q2_K/Q4_K/Q5_K).
+_K_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q2_K: (80, 82), Q.Q3_K: (108,)} | {
+    qtype: (0,) for qtype in LIBRARY_TYPES if qtype.name.startswith("IQ")
+}
 
 # A llama with every matrix's input dim a multiple of 256, the K-quant block size.
 CONFIG = {
@@ -92,7 +97,7 @@ def reference(raw: np.ndarray, qtype: Q, shape: tuple[int, ...]) -> torch.Tensor
     return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(shape)
 
 
-def test_supported_types_are_exactly_the_issue_list():
+def test_supported_types_are_these():
     assert set(SUPPORTED_TYPES) == set(TYPES)
 
 
@@ -106,12 +111,17 @@ def test_dequantize_equals_gguf_reference(qtype: Q):
     assert torch.equal(got, reference(raw, qtype, shape))
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0], ids=lambda t: t.name)
+# Half a quantization step, as a fraction of a block's largest |value| (Q4_1 and Q5_1 step over the block's range,
+# up to twice that), with room for the float16 scales' rounding.
+CLOSE = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 0.5 / 127, Q.Q4_0: 1 / 8, Q.Q4_1: 1 / 15, Q.Q5_0: 1 / 32, Q.Q5_1: 1 / 31}
+
+
+@pytest.mark.parametrize("qtype", list(CLOSE), ids=lambda t: t.name)
 def test_dequantized_weights_stay_close_to_the_originals(qtype: Q):
     weights = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
     raw = gguf.quants.quantize(weights, qtype)
     got = dequantize(raw, qtype, weights.shape)
-    bound = {Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 0.5 / 127 + 1e-3, Q.Q4_0: 1 / 8}[qtype] * np.abs(weights).max()
+    bound = (CLOSE[qtype] + 1e-3) * np.abs(weights).max()
     assert (got - torch.from_numpy(weights)).abs().max().item() <= bound
 
 
@@ -147,13 +157,15 @@ def test_quantized_model_loads_to_the_reference_weights(tmp_path: Path, qtype: Q
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path):
+    """A ternary (TQ2_0) tensor, which only BitNet models hold, is refused by name."""
     rng = np.random.default_rng(7)
     tensors = {name: encode(rng, Q.Q8_0, shape) for name, shape in MATRICES.items()}
     tensors |= {name: np.ones(shape, dtype=np.float32) for name, shape in NORMS.items()}
-    weights = rng.standard_normal(MATRICES["blk.0.ffn_up.weight"]).astype(np.float32)
-    tensors["blk.0.ffn_up.weight"] = (gguf.quants.quantize(weights, Q.Q5_0), Q.Q5_0)
-    path = write_gguf(tmp_path / "q5_0.gguf", CONFIG, tensors)
+    rows, cols = MATRICES["blk.0.ffn_up.weight"]
+    block_size, type_size = GGML_QUANT_SIZES[Q.TQ2_0]
+    tensors["blk.0.ffn_up.weight"] = (np.zeros((rows, cols // block_size * type_size), dtype=np.uint8), Q.TQ2_0)
+    path = write_gguf(tmp_path / "tq2_0.gguf", CONFIG, tensors)
 
-    with pytest.raises(LoadError, match=r"blk\.0\.ffn_up\.weight has type Q5_0") as error:
+    with pytest.raises(LoadError, match=r"blk\.0\.ffn_up\.weight has type TQ2_0") as error:
         read_gguf(path)
     assert error.value.path == str(path)

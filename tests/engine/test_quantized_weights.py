@@ -1,6 +1,7 @@
-"""GGUF tensors stored quantized (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0) stay quantized in memory on CPU: logits within a
-tolerance per type of the same file expanded to float32, a fraction of the weight bytes, small layers and every
-other type computed as before, and stories260K's greedy tokens from a Q8_0 file those of the float32 expansion."""
+"""GGUF tensors stored quantized (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, and the rest the reader decodes) stay quantized in
+memory on CPU: logits within a tolerance per type of the same file expanded to float32, a fraction of the weight
+bytes, small layers and float tensors computed as before, and stories260K's greedy tokens from a Q8_0 file those of
+the float32 expansion."""
 
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from inference.engine.model.block_quant import (
     decode_q4_k,
     decode_q5_k,
     decode_q6_k,
+    decode_q8_0,
 )
 from inference.engine.model.int4 import GROUP_SIZE, group_quantize
 from inference.engine.model.runner import ModelRunner
@@ -54,6 +56,11 @@ TOLERANCE = {
     ("q4_k", "Q4_K"): 0.02,
     ("q6_k", "Q6_K"): 0.05,  # the file's weights: what is left is the activations' 8 bits, which this model amplifies
     ("q5_k", "Q5_K"): 0.02,
+    ("q5_0", "Q5_0"): 0.03,  # held as Q8_0 blocks of the file's own codes and scales
+    ("q8_0", "Q4_1"): 0.03,  # these: Q8_0 blocks re-encoded from the expansion, a second rounding
+    ("q8_0", "Q5_1"): 0.03,
+    ("q8_0", "Q3_K"): 0.02,
+    ("q8_0", "IQ4_XS"): 0.02,
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
     ("int8", "Q4_0"): 0.1,
@@ -70,11 +77,11 @@ def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
 
 
 def _keep(path: Path, form: str) -> KeepQuantized:
-    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "int4" or "int8")
-    on any CPU."""
+    """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "int4" or
+    "int8") on any CPU."""
     checkpoint = read_gguf(path)
     stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
-    block_kernel = form in ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k")
+    block_kernel = form not in ("int4", "int8")
     return KeepQuantized(stored, checkpoint.file_bytes, block_kernel=block_kernel, int4_kernel=form == "int4")
 
 
@@ -90,7 +97,13 @@ def _logits(model: Transformer) -> list[torch.Tensor]:
 
 # Each K-quant's super-block scale range that puts its weights at a trained model's scale (|w| ~ 0.05): random
 # blocks otherwise give weights up to ~80 (Q6_K), whose activations no trained model has.
-K_SCALE_RANGE = {Q.Q4_K: (1e-4, 4e-4), Q.Q5_K: (5e-5, 2e-4), Q.Q6_K: (6.2e-5, 1.2e-4)}
+K_SCALE_RANGE = {
+    Q.Q4_K: (1e-4, 4e-4),
+    Q.Q5_K: (5e-5, 2e-4),
+    Q.Q6_K: (6.2e-5, 1.2e-4),
+    Q.Q3_K: (2e-4, 8e-4),
+    Q.IQ4_XS: (1e-5, 4e-5),
+}
 
 
 def encode_at_scale(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) -> tuple[np.ndarray, Q]:
@@ -101,7 +114,7 @@ def encode_at_scale(rng: np.random.Generator, qtype: Q, shape: tuple[int, int]) 
             per_block = blocks.reshape(-1, GGML_QUANT_SIZES[qtype][1])
             per_block[:, 192:208] = rng.integers(64, 128, size=(per_block.shape[0], 16), dtype=np.uint8)
         return blocks, qtype
-    if qtype in (Q.Q8_0, Q.Q4_0):
+    if qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
         return encode_values((0.05 * rng.standard_normal(shape)).astype(np.float32), qtype)
     return encode(rng, qtype, shape)
 
@@ -141,10 +154,10 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
-def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q):
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0], ids=lambda t: t.name)
+def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
-    fused) stands for exactly the weights the file expands to."""
+    fused) stands for exactly the weights the file expands to (Q5_0's as Q8_0 blocks)."""
     path = write_wide_gguf(tmp_path, qtype)
     checkpoint = read_gguf(path)
     form = qtype.name.lower()
@@ -152,7 +165,7 @@ def test_k_quant_layers_hold_the_files_weights_exactly(tmp_path: Path, qtype: Q)
     sources = linear_sources(checkpoint.config)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYERS[form])}
     assert sorted(layers) == sorted(sources)
-    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k}[qtype]
+    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k, Q.Q5_0: decode_q8_0}[qtype]
     for name, layer in layers.items():
         expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
         assert torch.equal(decode(layer.codes, layer.scales), expanded), name
@@ -174,7 +187,46 @@ def test_a_layer_fused_from_several_types_keeps_each_ones_blocks(tmp_path: Path)
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+# A model whose hidden size is not a multiple of 256 (Qwen2.5-0.5B's 896, SmolLM2's 576 and 960), as llama.cpp's
+# llama-quantize writes its Q4_K_M file: Q4_K cannot hold rows of 640 values, so those tensors are Q5_0 and the Q6_K
+# ones (v, the output head) Q8_0; the down projection's rows (1,024 values) are Q4_K.
+NARROW_ROWS = CONFIG | {
+    "vocab_size": 512,
+    "hidden_size": 640,
+    "intermediate_size": 1024,
+    "num_attention_heads": 10,
+    "num_key_value_heads": 2,
+}
+NARROW_ROWS_MATRICES = {
+    "token_embd.weight": (512, 640),
+    "output.weight": (512, 640),
+    "blk.0.attn_q.weight": (640, 640),
+    "blk.0.attn_k.weight": (128, 640),
+    "blk.0.attn_v.weight": (128, 640),
+    "blk.0.attn_output.weight": (640, 640),
+    "blk.0.ffn_gate.weight": (1024, 640),
+    "blk.0.ffn_up.weight": (1024, 640),
+    "blk.0.ffn_down.weight": (640, 1024),
+}
+Q4_K_M_FALLBACKS = {"blk.0.attn_v.weight": Q.Q8_0, "output.weight": Q.Q8_0, "blk.0.ffn_down.weight": Q.Q4_K}
+
+
+def test_a_q4_k_m_file_with_rows_not_a_multiple_of_256_loads(tmp_path: Path, stories_gguf_path: Path):
+    """Its Q5_0 and Q8_0 layers, which the block kernel cannot take (640 is not a multiple of its 256), are int8;
+    the Q4_K one keeps its blocks; the logits stay near the float32 expansion's."""
+    norms = {name: (640,) for name in WIDE_NORMS}
+    path = write_wide_gguf(
+        tmp_path, Q.Q5_0, NARROW_ROWS, NARROW_ROWS_MATRICES, norms, stories_gguf_path, Q4_K_M_FALLBACKS
+    )
+    assert set(read_gguf(path).tensor_types.values()) == {"Q5_0", "Q8_0", "Q4_K", "F32"}
+    kept = load_model(path, max_concurrent=1, context_window=64).runner.model
+    assert linear_formats(kept) == {"int8": 4, "q4_k": 1}
+    reference = load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model
+    for got, want in zip(_logits(kept), _logits(reference), strict=True):
+        assert (got - want).abs().max().item() <= 0.1 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0], ids=lambda t: t.name)
 def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, the kept layers' weights are never decoded to float32: only the embedding and
     the norms are (so a load's peak memory is near the file's size, not the float32 model's)."""
@@ -218,11 +270,11 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
     assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q3_K], ids=lambda t: t.name)
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)
-    expected = qtype.name.lower()  # the file's blocks, as they are
+    expected = "q8_0" if qtype == Q.Q3_K else qtype.name.lower()  # the file's blocks, or Q8_0 blocks of them
     assert linear_formats(automatic.runner.model) == {expected: 5}
     assert linear_formats(load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model) == {
         "float32": 5

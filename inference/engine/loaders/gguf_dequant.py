@@ -8,6 +8,12 @@ Block layouts (ggml): every quantized row is a run of fixed-size blocks along `n
 - Q8_0 (32 values, 34 bytes): f16 scale d, 32 x int8 q.                         x = d * q
 - Q4_0 (32 values, 18 bytes): f16 d, 16 bytes of nibbles; low nibbles are values 0..15, high ones 16..31.
                                                                                 x = d * (q - 8)
+- Q4_1 (32 values, 20 bytes): f16 d, f16 m, 16 bytes of nibbles as Q4_0's.       x = d * q + m
+- Q5_0 (32 values, 22 bytes): f16 d, 4 bytes whose bit j is value j's fifth bit, 16 bytes of nibbles as Q4_0's.
+                                                                                x = d * (q - 16)
+- Q5_1 (32 values, 24 bytes): f16 d, f16 m, then as Q5_0.                        x = d * q + m
+  (llama.cpp's K-quant files hold Q5_0 and Q5_1 wherever a row is not a multiple of 256 values: a Q4_K_M file's
+  Q4_K becomes Q5_0 there, Q5_K Q5_1.)
 - Q4_K (256 values, 144 bytes): f16 d, f16 dmin, 12 bytes packing eight 6-bit (scale, min) pairs, 128 bytes of
   nibbles in four 32-byte groups; group g holds sub-block 2g in its low nibbles and 2g+1 in its high ones.
                                                                                 x = d * sc[j] * q - dmin * m[j]
@@ -15,12 +21,17 @@ Block layouts (ggml): every quantized row is a run of fixed-size blocks along `n
   is the fifth bit of value l of sub-block j.
 - Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales (one per 16
   values), f16 d. Each 128-value half uses 64 nibble bytes and 32 high bytes.    x = d * sc[j] * (q - 32)
+
+The other types llama.cpp writes, Q2_K, Q3_K and the i-quants, are decoded by gguf-py's reference decoder
+(`gguf.quants.dequantize`, numpy): rarer, so not worth a decoder of our own; the library's is slower
+(docs/quantized-weights.md) but exact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import gguf
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -43,12 +54,38 @@ def _dequant_q8_0(blocks: torch.Tensor) -> torch.Tensor:
     return q * d
 
 
+_BIT_OF_VALUE = torch.arange(8, dtype=torch.uint8).reshape(1, 1, 8)
+
+
+def legacy_codes(blocks: torch.Tensor, high_bits: int) -> torch.Tensor:
+    """The codes of Q4_0, Q4_1 (high_bits 0), Q5_0 or Q5_1 blocks (1) [N, bytes]: uint8 [N, 32], values 0..15 or
+    0..31 in order. The nibbles are the last 16 bytes; a Q5 block's fifth bits the 4 before them."""
+    packed = blocks[:, -16:]
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=1)
+    if high_bits:
+        fifth = (blocks[:, -20:-16, None] >> _BIT_OF_VALUE) & 1  # [N, 4, 8]: byte b, bit i is value 8b + i's
+        codes = codes | (fifth.reshape(-1, 32) << 4)
+    return codes
+
+
 def _dequant_q4_0(blocks: torch.Tensor) -> torch.Tensor:
     # blocks: [N, 18] uint8 -> [N, 32]
-    d = _f16(blocks[:, :2])
-    packed = blocks[:, 2:]
-    q = torch.cat([packed & 0x0F, packed >> 4], dim=1).to(torch.int8) - 8
-    return d * q.float()
+    return _f16(blocks[:, :2]) * (legacy_codes(blocks, 0).to(torch.int8) - 8).float()
+
+
+def _dequant_q4_1(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 20] uint8 -> [N, 32]
+    return _f16(blocks[:, :2]) * legacy_codes(blocks, 0).float() + _f16(blocks[:, 2:4])
+
+
+def _dequant_q5_0(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 22] uint8 -> [N, 32]
+    return _f16(blocks[:, :2]) * (legacy_codes(blocks, 1).to(torch.int8) - 16).float()
+
+
+def _dequant_q5_1(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 24] uint8 -> [N, 32]
+    return _f16(blocks[:, :2]) * legacy_codes(blocks, 1).float() + _f16(blocks[:, 2:4])
 
 
 def k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,13 +153,37 @@ def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     Q.Q8_0: _dequant_q8_0,
     Q.Q4_0: _dequant_q4_0,
+    Q.Q4_1: _dequant_q4_1,
+    Q.Q5_0: _dequant_q5_0,
+    Q.Q5_1: _dequant_q5_1,
     Q.Q4_K: _dequant_q4_k,
     Q.Q5_K: _dequant_q5_k,
     Q.Q6_K: _dequant_q6_k,
 }
+_LIBRARY_TYPES = (
+    Q.Q2_K,
+    Q.Q3_K,
+    Q.IQ1_S,
+    Q.IQ2_XXS,
+    Q.IQ2_XS,
+    Q.IQ2_S,
+    Q.IQ3_XXS,
+    Q.IQ3_S,
+    Q.IQ4_NL,
+    Q.IQ4_XS,
+)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 
-SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (*_FLOAT_TYPES, *_BLOCK_DECODERS)
+SUPPORTED_TYPES: tuple[GGMLQuantizationType, ...] = (*_FLOAT_TYPES, *_BLOCK_DECODERS, *_LIBRARY_TYPES)
+# The names of the supported types that hold quantized blocks.
+QUANTIZED_TYPES = frozenset(t.name for t in (*_BLOCK_DECODERS, *_LIBRARY_TYPES))
+
+
+def _library_decoder(ggml_type: GGMLQuantizationType) -> Callable[[torch.Tensor], torch.Tensor]:
+    def decode(blocks: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(gguf.quants.dequantize(blocks.numpy(), ggml_type), dtype=np.float32))
+
+    return decode
 
 
 def dequantize(raw: np.ndarray | torch.Tensor, ggml_type: GGMLQuantizationType, shape: Sequence[int]) -> torch.Tensor:
@@ -142,7 +203,7 @@ def dequantize(raw: np.ndarray | torch.Tensor, ggml_type: GGMLQuantizationType, 
         raise ValueError(f"{data.numel()} bytes do not hold a {ggml_type.name} tensor of shape {list(shape)}")
     if ggml_type in _FLOAT_TYPES:
         return data.view(_FLOAT_TYPES[ggml_type]).to(torch.float32, copy=True).reshape(tuple(shape))
-    decode = _BLOCK_DECODERS[ggml_type]
+    decode = _BLOCK_DECODERS.get(ggml_type) or _library_decoder(ggml_type)
     blocks = data.reshape(-1, block_bytes)
     out = torch.empty(blocks.shape[0], block_size, dtype=torch.float32)
     step = max(1, _CHUNK_VALUES // block_size)

@@ -1,8 +1,8 @@
 """Linear layers that keep a GGUF Q4_0, Q8_0 or K-quant file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0)
 codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's and Q5_K's 4- or
 5-bit codes with a scale and a minimum per 32 values (152 and 184 bytes per 256 against the file's 144 and 176);
-Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210). The C kernel `_matmul.c` multiplies
-them.
+Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210); Q5_0's 5-bit codes as Q8_0 blocks.
+The C kernel `_matmul.c` multiplies them.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
 value of largest magnitude is code 0 (Q4_0) or +-127 (Q8_0) times its scale, so the scale is found again, and every
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, q5_k_codes, q6_k_parts
+from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, legacy_codes, q5_k_codes, q6_k_parts
 from inference.engine.model.matmul_kernel import KERNEL
 
 BLOCK = 32
@@ -161,7 +161,9 @@ def _unpack_planes(codes: torch.Tensor, high_bits: int) -> torch.Tensor:
     return vectors
 
 
-Q4_0_BYTES, Q8_0_BYTES = 18, 34  # a block of each in the file: f16 d, then 16 bytes of nibbles or 32 signed codes
+# A block of each in the file: f16 d, then 16 bytes of nibbles, 32 signed codes, or 4 bytes of fifth bits and 16 of
+# nibbles.
+Q4_0_BYTES, Q8_0_BYTES, Q5_0_BYTES = 18, 34, 22
 
 
 def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,8 +171,17 @@ def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     expansion."""
     out_features = blocks.shape[0]
     rows = blocks.reshape(out_features, -1, Q4_0_BYTES)
-    codes = torch.cat([rows[..., 2:] & 0x0F, rows[..., 2:] >> 4], dim=-1)  # values 0..15, then 16..31
+    codes = legacy_codes(rows.reshape(-1, Q4_0_BYTES), 0).reshape(out_features, -1, BLOCK)
     return _pack_planes(_interleave(codes), 0), _f16_scales(rows)
+
+
+def encode_q5_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q5_0 tensor's bytes [out, in / 32 * 22] as Q8_0 blocks: its codes minus 16 are signed bytes and its scale is
+    a float16 too, so they stand for exactly the file's weights (in 34 bytes per 32 values against its 22)."""
+    out_features = blocks.shape[0]
+    rows = blocks.reshape(out_features, -1, Q5_0_BYTES)
+    codes = legacy_codes(rows.reshape(-1, Q5_0_BYTES), 1).to(torch.int8) - 16
+    return _interleave(codes.reshape(out_features, -1, BLOCK)).reshape(out_features, -1), _f16_scales(rows)
 
 
 def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,6 +320,14 @@ class Q8_0Linear(BlockLinear):
     FORMAT = 1
     encode = staticmethod(encode_q8_0_blocks)
     encode_weight = staticmethod(encode_q8_0)
+
+
+class Q5_0Linear(Q8_0Linear):
+    """Q5_0 blocks held as Q8_0's (`encode_q5_0_blocks`), from the file's bytes: llama.cpp's K-quant files hold Q5_0
+    where a row is not a multiple of 256 values, and a Q5_0 file all through."""
+
+    encode = staticmethod(encode_q5_0_blocks)
+    encode_weight = None
 
 
 class Q4_KLinear(BlockLinear):

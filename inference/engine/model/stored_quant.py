@@ -1,7 +1,7 @@
-"""Which in-memory form a linear layer takes when its checkpoint stores it quantized (GGUF Q4_0, Q4_K, Q5_K, Q6_K,
-Q8_0), on CPU with dtype left automatic: the file's own Q4_0, Q8_0 or Q4_K blocks (model/block_quant.py), Q8_0
-blocks re-encoded from the float expansion, 4-bit codes for torch's int4 kernel (model/int4.py), int8 per output
-channel (model/quantize.py's fbgemm layer), or float32 as the file expands to.
+"""Which in-memory form a linear layer takes when its checkpoint stores it quantized (any GGUF block type the reader
+decodes, loaders/gguf_dequant.py), on CPU with dtype left automatic: the file's own Q4_0, Q8_0 or K-quant blocks
+(model/block_quant.py), Q8_0 blocks re-encoded from the float expansion, 4-bit codes for torch's int4 kernel
+(model/int4.py), int8 per output channel (model/quantize.py's fbgemm layer), or float32 as the file expands to.
 
 The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
@@ -10,8 +10,9 @@ The choice (docs/quantized-weights.md has the figures):
   weights (for the 4- to 6-bit types in fewer bytes than int8), faster than int8 for one to eight rows on AVX-512
   VNNI (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md). A layer fused from tensors of
   several types (a Q4_K_M file's q and k are Q4_K, its v Q6_K in half the layers) is made of one block layer per run
-  of rows of one type (block_quant.BlockParts). (A K-quant whose bytes the checkpoint did not keep becomes Q8_0
-  blocks of its expansion.)
+  of rows of one type (block_quant.BlockParts). Q5_0 becomes Q8_0 blocks of its own codes and scales (exact). Every
+  other type (Q4_1, Q5_1, Q2_K, Q3_K, the i-quants), and a K-quant whose bytes the checkpoint did not keep, becomes
+  Q8_0 blocks of its expansion: the kernel has no form of its own for them.
 - Without the block kernel, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for
   torch's int4 kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
@@ -27,12 +28,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from inference.engine.loaders.gguf_dequant import QUANTIZED_TYPES
 from inference.engine.model import block_quant
 from inference.engine.model.block_quant import (
     BlockLinear,
     BlockParts,
     Q4_0Linear,
     Q4_KLinear,
+    Q5_0Linear,
     Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
@@ -41,12 +44,11 @@ from inference.engine.model.block_quant import (
 from inference.engine.model.int4 import Int4Linear, fits_int4
 from inference.engine.model.quantize import DynamicInt8Linear
 
-QUANTIZED_TYPES = frozenset({"Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"})
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
-BLOCK_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the types whose blocks the block kernel multiplies as they are
-BLOCK_FORMS = frozenset(t.lower() for t in BLOCK_TYPES)
-# The types whose bytes a GGUF checkpoint keeps (loaders/gguf.py), for the block layers made from them.
-FILE_BYTES_TYPES = QUANTIZED_TYPES
+# The types that have a block layer of their own, made from the file's bytes, which a GGUF checkpoint therefore keeps
+# (loaders/gguf.py).
+FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0"})
+BLOCK_FORMS = frozenset(t.lower() for t in FILE_BYTES_TYPES)
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
 
@@ -72,8 +74,8 @@ class KeepQuantized:
     min_elements: int = MIN_QUANTIZED_ELEMENTS
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "parts" (each source in its block form, `block_form`), "int4",
-        "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
+        """ "q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "parts" (each source in its block form, `block_form`),
+        "int4", "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
@@ -86,10 +88,11 @@ class KeepQuantized:
 
     def block_form(self, source: str) -> str:
         """The block layer a quantized tensor becomes: its own type's blocks, made from the file's bytes (Q4_0's and
-        Q8_0's can be found again in the expansion too); a K-quant whose bytes were not kept, Q8_0 blocks of its
-        expansion."""
+        Q8_0's can be found again in the expansion too); a type without a layer of its own, or whose bytes were not
+        kept, Q8_0 blocks of its expansion."""
         stored = self.stored_types[source]
-        return stored.lower() if source in self.file_bytes or stored in ("Q4_0", "Q8_0") else "q8_0"
+        own = stored in FILE_BYTES_TYPES and (source in self.file_bytes or stored in ("Q4_0", "Q8_0"))
+        return stored.lower() if own else "q8_0"
 
 
 LAYERS = {
@@ -98,6 +101,7 @@ LAYERS = {
     "q4_k": Q4_KLinear,
     "q5_k": Q5_KLinear,
     "q6_k": Q6_KLinear,
+    "q5_0": Q5_0Linear,
     "int4": Int4Linear,
     "int8": DynamicInt8Linear,
 }
