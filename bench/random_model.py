@@ -4,6 +4,8 @@ quantized with the `gguf` package: Q8_0 and Q4_0, the two types it can write).
 Shaped like the model in PERFORMANCE-TARGETS (hidden 768, 12 layers, 12 heads, FFN 2048) with stories260K's
 512-token vocabulary and tokenizer, so its numbers compare with llama.cpp's on the same shape. The weights are random
 (seeded), so its text is noise; what it measures is arithmetic. Files go under var/bench/ and are reused.
+`python bench/random_model.py random-w896` writes the other shape of SHAPES (Qwen2.5-0.5B's width) as F32 GGUF, for
+llama.cpp's llama-quantize to make K-quant files of.
 """
 
 from __future__ import annotations
@@ -18,23 +20,28 @@ import torch
 from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parent.parent
-SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 2048}
+SHAPES = {
+    "random85m": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 2048},
+    # Qwen2.5-0.5B's width and FFN (896, 4864) in 6 layers: rows of 896 values, not a multiple of 256, which
+    # llama.cpp's K-quant files hold as Q5_0 and Q8_0 (~98M parameters).
+    "random-w896": {"hidden_size": 896, "num_hidden_layers": 6, "num_attention_heads": 14, "intermediate_size": 4864},
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def write_random_llama(
-    stories_hf: Path, stories_gguf: Path, out_dir: Path | None = None, seed: int = 0
+    stories_hf: Path, stories_gguf: Path, out_dir: Path | None = None, seed: int = 0, name: str = "random85m"
 ) -> tuple[Path, Path]:
-    """Returns (hf_dir, gguf_path), writing them unless they already exist."""
+    """Returns (hf_dir, gguf_path) of the model of SHAPES[name], writing them unless they already exist."""
     out_dir = out_dir or REPO / "var" / "bench"
-    hf_dir, gguf_path = out_dir / "random85m-hf", out_dir / "random85m.gguf"
+    hf_dir, gguf_path = out_dir / f"{name}-hf", out_dir / f"{name}.gguf"
     if (hf_dir / "model.safetensors").exists() and gguf_path.exists():
         return hf_dir, gguf_path
     hf_dir.mkdir(parents=True, exist_ok=True)
     config = json.loads((stories_hf / "config.json").read_text())
     config.update(
-        SHAPE,
-        num_key_value_heads=SHAPE["num_attention_heads"],
+        SHAPES[name],
+        num_key_value_heads=SHAPES[name]["num_attention_heads"],
         head_dim=64,
         max_position_embeddings=1024,
         tie_word_embeddings=False,
@@ -152,3 +159,16 @@ def _copy_tokenizer_metadata(source: Path, writer: gguf.GGUFWriter) -> None:
             writer.add_array(field.name, value)
         else:
             writer.add_key_value(field.name, value, vtype)
+
+
+if __name__ == "__main__":
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description="Writes a random Llama of SHAPES under var/bench/ (F32 GGUF).")
+    parser.add_argument("name", choices=sorted(SHAPES))
+    parser.add_argument(
+        "--models", type=Path, default=Path(os.environ.get("PANTHEON_TEST_MODELS", REPO.parent / "shared" / "models"))
+    )
+    args = parser.parse_args()
+    print(write_random_llama(args.models / "stories260K-hf", args.models / "stories260K.gguf", name=args.name)[1])

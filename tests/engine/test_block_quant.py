@@ -83,17 +83,20 @@ def kernel(request):
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("out_features", [6, 8, 13])
-def test_the_kernel_computes_the_quantized_product(kernel: str, name: str, rows: int, out_features: int):
+@pytest.mark.parametrize("in_features", [768, 640], ids=["whole", "padded"])  # 640: rows padded to 768
+def test_the_kernel_computes_the_quantized_product(
+    kernel: str, name: str, rows: int, out_features: int, in_features: int
+):
     qtype, layer_class, _, _ = FORMATS[name]
     torch.manual_seed(rows * 100 + out_features)
-    weight, _ = _file_values(np.random.default_rng(out_features), out_features, 768, qtype)
+    weight, _ = _file_values(np.random.default_rng(out_features), out_features, in_features, qtype)
     if name == "Q8_0":
         weight[0, :BLOCK] = -weight[0, :BLOCK].abs()  # a block whose codes reach -127: the sign trick's edge
-    linear = nn.Linear(768, out_features, bias=True)
+    linear = nn.Linear(in_features, out_features, bias=True)
     with torch.no_grad():
         linear.weight.copy_(weight)
     layer = layer_class(linear)
-    x = torch.randn(rows, 768)
+    x = torch.randn(rows, in_features)
     x[0, :BLOCK] = 0  # a block of zeros: scale 0, no division by it
     got = layer(x)
     want = _reference(x, weight) + linear.bias.detach()

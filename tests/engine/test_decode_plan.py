@@ -1,7 +1,8 @@
 """The decode plan (model/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
 stories260K (small transposed layers, grouped-query attention), and on a wider random llama with its layers in the
-file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both) or in float32 on the C kernel; batches of rows of
-different lengths, one step after another; and a model it cannot serve has no plan."""
+file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both), Q5_0 and Q8_0 ones in padded rows, or in float32
+on the C kernel; batches of rows of different lengths, one step after another; and a model it cannot serve has no
+plan."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from inference.engine.model import matmul_kernel
 from inference.engine.model.decode_plan import DecodePlan
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import FloatLinear, Transformer
-from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_wide_gguf
+from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_narrow_rows_gguf, write_wide_gguf
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]
 
@@ -60,6 +61,12 @@ def test_k_quant_blocks_and_parts_decode_the_forwards_logits(tmp_path: Path):
     """Q4_K and Q6_K layers, and q, k and v fused from both (a Q4_K_M file's mix)."""
     path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
     assert_same_steps(_model(path, _keep(path, "q4_k")))
+
+
+def test_blocks_in_padded_rows_decode_the_forwards_logits(tmp_path: Path):
+    """Q5_0 and Q8_0 layers whose rows (640 values) the kernel pads to whole super-blocks, next to a Q4_K one."""
+    path = write_narrow_rows_gguf(tmp_path)
+    assert_same_steps(_model(path, _keep(path, "q5_0")))
 
 
 @pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")

@@ -42,6 +42,11 @@
  * vector in 32 bytes of its own (Q8_0). The activations' 8-bit
  * codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
  *
+ * Q4_0 and Q8_0 rows (Q5_0's too, kept as Q8_0) of a length that is a multiple of 32 but not of 256 (a model 896 or
+ * 576 wide) are stored padded to whole super-blocks with zero codes and zero scales (block_quant.py), and each call
+ * quantizes the activations into rows padded the same way with zeros: the padding adds nothing to a sum, and the
+ * kernel sees only whole super-blocks.
+ *
  * The work is shared, with the GIL released, among the threads of the elastic pool (_elastic_pool.h) rather than
  * torch's OpenMP ones: activation rows to quantize, then output rows, in chunks claimed one at a time, so a thread
  * the host preempts holds back only its chunk. Each chunk walks its weight rows one at a time (AVX2, and VNNI's Q8_0
@@ -427,6 +432,7 @@ BY_FORMAT(vnni)
 typedef struct {
     const Matmul *mm;
     const float *input;
+    int64_t input_k; /* the input's row length: K, or less where the weights' rows are padded */
     int64_t rows_per_chunk;
 } Chunks;
 
@@ -436,8 +442,8 @@ static void quantize_chunk(void *ctx, int64_t c) {
     const int64_t blocks = mm->k / BLOCK, first = c * ch->rows_per_chunk;
     const int64_t last = first + ch->rows_per_chunk < mm->m ? first + ch->rows_per_chunk : mm->m;
     for (int64_t m = first; m < last; m++)
-        quantize_row(ch->input + m * mm->k, mm->k, (int8_t *)mm->xq + m * mm->k, (float *)mm->xd + m * blocks,
-                     (int32_t *)mm->xsum8 + m * blocks);
+        quantize_row(ch->input + m * ch->input_k, ch->input_k, (int8_t *)mm->xq + m * mm->k,
+                     (float *)mm->xd + m * blocks, (int32_t *)mm->xsum8 + m * blocks);
 }
 
 static void matmul_chunk(void *ctx, int64_t c) {
@@ -458,21 +464,26 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnLLLiL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format,
                           &mm.out_stride))
         return NULL;
-    if (mm.k % SUPER != 0) {
-        PyErr_SetString(PyExc_ValueError, "in_features must be a multiple of 256");
-        return NULL;
-    }
     if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_K) {
         PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K) or 4 (Q5_K)");
         return NULL;
     }
+    const int padded = mm.format == FORMAT_Q4_0 || mm.format == FORMAT_Q8_0;
+    if (mm.k % (padded ? BLOCK : SUPER) != 0) {
+        PyErr_SetString(PyExc_ValueError, padded ? "in_features must be a multiple of 32"
+                                                 : "in_features must be a multiple of 256 for a K-quant");
+        return NULL;
+    }
+    const int64_t input_k = mm.k;
+    mm.k = (mm.k + SUPER - 1) / SUPER * SUPER; /* the weights' rows and the quantized activations', padded */
     const int64_t blocks = mm.k / BLOCK, supers = mm.k / SUPER;
     mm.row_bytes = supers * super_bytes(mm.format);
     mm.scale_bytes = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K ? supers * (int64_t)sizeof(KScales)
                      : mm.format == FORMAT_Q6_K                           ? supers * (int64_t)sizeof(Q6Scales)
                                                                           : blocks * 2;
     /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
-    int8_t *xq = malloc((size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks));
+    const size_t scratch = (size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks);
+    int8_t *xq = input_k == mm.k ? malloc(scratch) : calloc(scratch, 1); /* the padding: zero codes and scales */
     if (xq == NULL) return PyErr_NoMemory();
     float *xd = (float *)(xq + mm.m * mm.k);
     int32_t *xsum8 = (int32_t *)(xd + mm.m * blocks);
@@ -486,9 +497,9 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     mm.q6 = (const Q6Scales *)scales;
     Py_BEGIN_ALLOW_THREADS;
     /* threads only for enough work: handing out a few rows costs more than computing them */
-    Chunks rows = {&mm, (const float *)x, 16384 / mm.k > 1 ? 16384 / mm.k : 1};
+    Chunks rows = {&mm, (const float *)x, input_k, 16384 / mm.k > 1 ? 16384 / mm.k : 1};
     pool_run(quantize_chunk, &rows, (mm.m + rows.rows_per_chunk - 1) / rows.rows_per_chunk, mm.m * mm.k >= 2 * 16384);
-    Chunks outputs = {&mm, NULL, output_rows_per_chunk(mm.n)};
+    Chunks outputs = {&mm, NULL, input_k, output_rows_per_chunk(mm.n)};
     pool_run(matmul_chunk, &outputs, (mm.n + outputs.rows_per_chunk - 1) / outputs.rows_per_chunk,
              mm.n * mm.m * blocks >= 2 * 4096);
     Py_END_ALLOW_THREADS;

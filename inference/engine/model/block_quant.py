@@ -33,7 +33,12 @@ SUPER = 8 * BLOCK  # the kernel's unit along the input features
 
 
 def fits_blocks(linear: nn.Linear) -> bool:
-    return linear.weight.shape[1] % SUPER == 0
+    """Whether the kernel takes the layer's rows as Q4_0 or Q8_0 blocks: whole blocks, padded to whole super-blocks
+    where they are not (`_kernel_rows`), as long as the padding adds at most a third to a row (576 values to 768 for
+    SmolLM2, 896 to 1024 for Qwen2.5-0.5B; not 64 to 256). A K-quant's rows are whole super-blocks in the file."""
+    in_features = linear.weight.shape[1]
+    padded = -(-in_features // SUPER) * SUPER
+    return in_features % BLOCK == 0 and 3 * padded <= 4 * in_features
 
 
 def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +51,7 @@ def encode_q4_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     extreme = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
     scale = (extreme / -8).to(torch.float16).float()
     divisor = torch.where(scale != 0, scale, 1.0)[..., None]
-    codes = _interleave(torch.clamp(torch.trunc(blocks / divisor + 8.5), 0, 15).to(torch.uint8))
+    codes, scale = _kernel_rows(torch.clamp(torch.trunc(blocks / divisor + 8.5), 0, 15).to(torch.uint8), scale)
     return _pack_planes(codes, 0), scale.to(torch.float16)
 
 
@@ -59,8 +64,8 @@ def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = blocks.abs().amax(dim=-1) / 127
     inverse = torch.where(scale != 0, 1 / scale, 0.0)[..., None]
     scaled = blocks * inverse
-    codes = (torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).to(torch.int8)
-    return _interleave(codes).reshape(out_features, in_features), scale.to(torch.float16)
+    codes, scale = _kernel_rows((torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)).to(torch.int8), scale)
+    return codes.reshape(out_features, -1), scale.to(torch.float16)
 
 
 Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210  # a super-block of each in the file
@@ -172,7 +177,8 @@ def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     out_features = blocks.shape[0]
     rows = blocks.reshape(out_features, -1, Q4_0_BYTES)
     codes = legacy_codes(rows.reshape(-1, Q4_0_BYTES), 0).reshape(out_features, -1, BLOCK)
-    return _pack_planes(_interleave(codes), 0), _f16_scales(rows)
+    codes, scales = _kernel_rows(codes, _f16_scales(rows))
+    return _pack_planes(codes, 0), scales
 
 
 def encode_q5_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +187,8 @@ def encode_q5_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     out_features = blocks.shape[0]
     rows = blocks.reshape(out_features, -1, Q5_0_BYTES)
     codes = legacy_codes(rows.reshape(-1, Q5_0_BYTES), 1).to(torch.int8) - 16
-    return _interleave(codes.reshape(out_features, -1, BLOCK)).reshape(out_features, -1), _f16_scales(rows)
+    codes, scales = _kernel_rows(codes.reshape(out_features, -1, BLOCK), _f16_scales(rows))
+    return codes.reshape(out_features, -1), scales
 
 
 def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,8 +196,8 @@ def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     expansion."""
     out_features = blocks.shape[0]
     rows = blocks.reshape(out_features, -1, Q8_0_BYTES)
-    codes = rows[..., 2:].contiguous().view(torch.int8)
-    return _interleave(codes).reshape(out_features, -1), _f16_scales(rows)
+    codes, scales = _kernel_rows(rows[..., 2:].contiguous().view(torch.int8), _f16_scales(rows))
+    return codes.reshape(out_features, -1), scales
 
 
 def _f16_scales(rows: torch.Tensor) -> torch.Tensor:
@@ -198,16 +205,27 @@ def _f16_scales(rows: torch.Tensor) -> torch.Tensor:
     return rows[..., :2].contiguous().view(torch.float16).reshape(rows.shape[0], -1)
 
 
-def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [out, in] that Q8_0 codes and scales stand for."""
+def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that Q8_0 codes and scales stand for (`in_features` leaves out the padding)."""
     values = _deinterleave(codes.reshape(codes.shape[0], -1, 8, BLOCK))
-    return (values.float() * scales.float()[..., None]).reshape(codes.shape[0], -1)
+    return (values.float() * scales.float()[..., None]).reshape(codes.shape[0], -1)[:, :in_features]
 
 
-def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [out, in] that codes and scales stand for."""
+def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that codes and scales stand for (`in_features` leaves out the padding)."""
     values = _deinterleave(_unpack_planes(codes, 0)).float() - 8
-    return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)
+    return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)[:, :in_features]
+
+
+def _kernel_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of codes [out, blocks, 32] in block order and their scales [out, blocks] as the kernel reads them: rows
+    padded to whole super-blocks with zero codes and zero scales (which add nothing to a sum; `_matmul.c` pads the
+    activations alike), the codes interleaved (`_interleave`)."""
+    missing = -codes.shape[1] % 8
+    if missing:
+        codes = torch.cat([codes, codes.new_zeros(codes.shape[0], missing, BLOCK)], dim=1)
+        scales = torch.cat([scales, scales.new_zeros(scales.shape[0], missing)], dim=1)
+    return _interleave(codes), scales
 
 
 def _interleave(codes: torch.Tensor) -> torch.Tensor:
