@@ -18,6 +18,7 @@ from inference.engine.loaders.loading import linear_formats, load_model, weight_
 from inference.engine.model.block_quant import (
     BlockParts,
     decode_q4_k,
+    decode_q5_0,
     decode_q5_k,
     decode_q6_k,
     decode_q8_0,
@@ -56,7 +57,7 @@ TOLERANCE = {
     ("q4_k", "Q4_K"): 0.02,
     ("q6_k", "Q6_K"): 0.05,  # the file's weights: what is left is the activations' 8 bits, which this model amplifies
     ("q5_k", "Q5_K"): 0.02,
-    ("q5_0", "Q5_0"): 0.03,  # held as Q8_0 blocks of the file's own codes and scales
+    ("q5_0", "Q5_0"): 0.03,
     ("q8_0", "Q4_1"): 0.03,  # these: Q8_0 blocks re-encoded from the expansion, a second rounding
     ("q8_0", "Q5_1"): 0.03,
     ("q8_0", "Q3_K"): 0.02,
@@ -157,7 +158,7 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0], ids=lambda t: t.name)
 def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
-    fused) stands for exactly the weights the file expands to (Q5_0's as Q8_0 blocks)."""
+    fused) stands for exactly the weights the file expands to."""
     path = write_wide_gguf(tmp_path, qtype)
     checkpoint = read_gguf(path)
     form = qtype.name.lower()
@@ -165,7 +166,7 @@ def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Pat
     sources = linear_sources(checkpoint.config)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYERS[form])}
     assert sorted(layers) == sorted(sources)
-    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k, Q.Q5_0: decode_q8_0}[qtype]
+    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k, Q.Q5_0: decode_q5_0}[qtype]
     for name, layer in layers.items():
         expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
         assert torch.equal(decode(layer.codes, layer.scales), expanded), name
@@ -221,7 +222,7 @@ def test_a_q4_k_m_file_with_rows_not_a_multiple_of_256_keeps_its_blocks(tmp_path
     assert linear_formats(kept) == {"q5_0+q8_0": 1, "q5_0": 2, "q4_k": 1, "q8_0": 1}
     wqkv = kept.layers[0].attention.wqkv
     q_k = torch.cat([checkpoint.tensors[f"model.layers.0.self_attn.{n}_proj.weight"] for n in "qk"])
-    assert torch.equal(decode_q8_0(wqkv.parts[0].codes, wqkv.parts[0].scales, 640), q_k)
+    assert torch.equal(decode_q5_0(wqkv.parts[0].codes, wqkv.parts[0].scales, 640), q_k)
     v = checkpoint.tensors["model.layers.0.self_attn.v_proj.weight"]
     assert torch.equal(decode_q8_0(wqkv.parts[1].codes, wqkv.parts[1].scales, 640), v)
     reference = load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model

@@ -1,7 +1,7 @@
 /* The linear layers' C kernels (CPU), sharing one elastic pool of threads: float32 weights (_float_matmul.h,
- * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) blocks.
+ * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q5_0, Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) blocks.
  *
- * Matmul of float32 activations with Q4_0-, Q8_0-, Q4_K-, Q5_K- or Q6_K-quantized weights (block_quant.py):
+ * Matmul of float32 activations with Q4_0-, Q5_0-, Q8_0-, Q4_K-, Q5_K- or Q6_K-quantized weights (block_quant.py):
  * out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
@@ -42,7 +42,11 @@
  * vector in 32 bytes of its own (Q8_0). The activations' 8-bit
  * codes are laid out the same way, unpacked; the scales stay in block order ([rows, K / 32]).
  *
- * Q4_0 and Q8_0 rows (Q5_0's too, kept as Q8_0) of a length that is a multiple of 32 but not of 256 (a model 896 or
+ * Q5_0 blocks (22 bytes per 32 values in the file: a float16 scale, 32 fifth bits, 32 nibbles; value = (c - 16) * d)
+ * are kept as Q4_0's with Q5_K's plane of fifth bits after each super-block's nibbles, the same 22 bytes: their
+ * integer sums are Q4_0's with the offset 16 * sum(x).
+ *
+ * Q4_0, Q5_0 and Q8_0 rows of a length that is a multiple of 32 but not of 256 (a model 896 or
  * 576 wide) are stored padded to whole super-blocks with zero codes and zero scales (block_quant.py), and each call
  * quantizes the activations into rows padded the same way with zeros: the padding adds nothing to a sum, and the
  * kernel sees only whole super-blocks.
@@ -69,7 +73,7 @@
 #define SUPER 256 /* values per super-block: 8 blocks */
 #define ROWS_PER_TILE 4
 
-enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3, FORMAT_Q5_K = 4 };
+enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3, FORMAT_Q5_K = 4, FORMAT_Q5_0 = 5 };
 
 /* A Q4_K or Q5_K super-block's scales (24 bytes; block_quant.py writes them). */
 typedef struct {
@@ -89,7 +93,7 @@ typedef struct {
     const float *xd;       /* [M, K/32] activation scales */
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
     const uint8_t *codes;  /* Q4_0: uint8 [N, K/2]; Q8_0: int8 [N, K]; interleaved */
-    const uint16_t *wd;    /* Q4_0, Q8_0: [N, K/32] weight scales, float16 */
+    const uint16_t *wd;    /* Q4_0, Q5_0, Q8_0: [N, K/32] weight scales, float16 */
     const KScales *ks;     /* Q4_K, Q5_K: [N, K/256] */
     const Q6Scales *q6;    /* Q6_K: [N, K/256] */
     int64_t m, n, k, out_stride;
@@ -120,11 +124,12 @@ static void quantize_row_portable(const float *x, int64_t k, int8_t *q, float *d
 
 static float f16_to_f32(uint16_t h) { return (float)*(const _Float16 *)&h; }
 
-/* Bytes of a super-block's codes, per format: Q8_0's bytes, Q4_0's and Q4_K's nibbles, Q5_K's and Q6_K's with
- * their planes of top bits. */
+/* Bytes of a super-block's codes, per format: Q8_0's bytes, Q4_0's and Q4_K's nibbles, Q5_0's, Q5_K's and Q6_K's
+ * with their planes of top bits. */
 static inline int64_t super_bytes(int format) {
     if (format == FORMAT_Q8_0) return SUPER;
-    return SUPER / 2 + (format == FORMAT_Q5_K ? BLOCK : format == FORMAT_Q6_K ? 2 * BLOCK : 0);
+    const int five = format == FORMAT_Q5_K || format == FORMAT_Q5_0;
+    return SUPER / 2 + (five ? BLOCK : format == FORMAT_Q6_K ? 2 * BLOCK : 0);
 }
 
 static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_last) {
@@ -136,14 +141,17 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
                 int32_t sums[8], second[8] = {0}; /* Q6_K: the blocks' first and second halves apart */
                 const int q8 = mm->format == FORMAT_Q8_0, k6 = mm->format == FORMAT_Q6_K;
                 const int mins = mm->format == FORMAT_Q4_K || mm->format == FORMAT_Q5_K;
-                for (int j = 0; j < 8; j++) sums[j] = q8 || mins || k6 ? 0 : -mm->xsum8[m * blocks + s * 8 + j];
+                const int offset = mm->format == FORMAT_Q5_0 ? 2 : 1; /* 16 or 8 times sum(x) */
+                for (int j = 0; j < 8; j++)
+                    sums[j] = q8 || mins || k6 ? 0 : -offset * mm->xsum8[m * blocks + s * 8 + j];
                 const uint8_t *codes = mm->codes + n * mm->row_bytes + s * super_bytes(mm->format);
                 const int8_t *x = mm->xq + m * mm->k + s * SUPER;
                 for (int g = 0; g < 8; g++)
                     for (int p = 0; p < BLOCK; p++) {
                         const uint8_t byte = codes[(q8 ? g : g % 4) * BLOCK + p];
                         int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
-                        if (mm->format == FORMAT_Q5_K) w |= (codes[4 * BLOCK + p] >> g & 1) << 4;
+                        if (mm->format == FORMAT_Q5_K || mm->format == FORMAT_Q5_0)
+                            w |= (codes[4 * BLOCK + p] >> g & 1) << 4;
                         if (k6) w = (w | (codes[(4 + g / 4) * BLOCK + p] >> 2 * (g % 4) & 3) << 4) - 32;
                         (k6 && g >= 4 ? second : sums)[p / 4] += w * x[g * BLOCK + p];
                     }
@@ -264,9 +272,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
  * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
- * codes are the values plus 8), at 0 for the others (Q4_K's and Q5_K's minimum is taken off in float). Q8 (signed
- * byte codes), MINS (Q4_K's and Q5_K's scales) and HIGH (the planes of top bits after the nibbles: 1 for Q5_K, 2 for
- * Q6_K, whose blocks' halves are summed apart) are constants: each format gets its own code. */
+ * codes are the values plus 8), -16 * sum(x) for Q5_0, at 0 for the others (Q4_K's and Q5_K's minimum is taken off in
+ * float). Q8 (signed byte codes), MINS (Q4_K's and Q5_K's scales) and HIGH (the planes of top bits after the
+ * nibbles: 1 for Q5_0 and Q5_K, 2 for Q6_K, whose blocks' halves are summed apart) are constants: each format gets
+ * its own code. */
 #define TILE(TARGET, SUFFIX, FMT, Q8, MINS, HIGH, ONE_ROW)                                                         \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
@@ -279,11 +288,11 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
         for (int64_t s = 0; s < supers; s++) {                                                                     \
             __m256i sums[4][ROWS_PER_TILE], second[4][ROWS_PER_TILE];                                              \
             for (int r = 0; r < RM; r++) {                                                                         \
-                const __m256i start =                                                                              \
-                    Q8 || MINS || HIGH ? _mm256_setzero_si256()                                                    \
-                       : _mm256_sub_epi32(_mm256_setzero_si256(),                                                  \
-                                          _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks +     \
-                                                                               s * 8)));                           \
+                const __m256i x_sum8 =                                                                             \
+                    _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8));                  \
+                const __m256i start = Q8 || MINS || HIGH == 2 ? _mm256_setzero_si256()                             \
+                                      : _mm256_sub_epi32(_mm256_setzero_si256(),                                   \
+                                                         HIGH ? _mm256_slli_epi32(x_sum8, 1) : x_sum8);            \
                 for (int i = 0; i < RN; i++) sums[i][r] = second[i][r] = start;                                    \
             }                                                                                                      \
             _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) {                                                  \
@@ -409,11 +418,13 @@ TILE(AVX2, avx2, _q8_0, 1, 0, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q4_k, 0, 1, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q5_k, 0, 1, 1, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q6_k, 0, 0, 2, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q5_0, 0, 0, 1, ONE_ROW_AVX2)
 TILE(VNNI, vnni, _q4_0, 0, 0, 0, 0)
 TILE(VNNI, vnni, _q8_0, 1, 0, 0, ONE_ROW_VNNI_FEW_ROWS)
 TILE(VNNI, vnni, _q4_k, 0, 1, 0, 0)
 TILE(VNNI, vnni, _q5_k, 0, 1, 1, 0)
 TILE(VNNI, vnni, _q6_k, 0, 0, 2, ONE_ROW_VNNI_FEW_ROWS)
+TILE(VNNI, vnni, _q5_0, 0, 0, 1, 0)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
@@ -422,6 +433,7 @@ TILE(VNNI, vnni, _q6_k, 0, 0, 2, ONE_ROW_VNNI_FEW_ROWS)
         else if (mm->format == FORMAT_Q4_K) matmul_rows_##SUFFIX##_q4_k(mm, n_first, n_last);                      \
         else if (mm->format == FORMAT_Q6_K) matmul_rows_##SUFFIX##_q6_k(mm, n_first, n_last);                      \
         else if (mm->format == FORMAT_Q5_K) matmul_rows_##SUFFIX##_q5_k(mm, n_first, n_last);                      \
+        else if (mm->format == FORMAT_Q5_0) matmul_rows_##SUFFIX##_q5_0(mm, n_first, n_last);                      \
         else matmul_rows_##SUFFIX##_q4_0(mm, n_first, n_last);                                                     \
     }
 BY_FORMAT(avx2)
@@ -464,11 +476,12 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnLLLiL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format,
                           &mm.out_stride))
         return NULL;
-    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_K) {
-        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K) or 4 (Q5_K)");
+    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K), 4 (Q5_K) or 5 (Q5_0)");
         return NULL;
     }
-    const int padded = mm.format == FORMAT_Q4_0 || mm.format == FORMAT_Q8_0;
+    const int padded = mm.format == FORMAT_Q4_0 || mm.format == FORMAT_Q8_0 || mm.format == FORMAT_Q5_0;
     if (mm.k % (padded ? BLOCK : SUPER) != 0) {
         PyErr_SetString(PyExc_ValueError, padded ? "in_features must be a multiple of 32"
                                                  : "in_features must be a multiple of 256 for a K-quant");
@@ -481,7 +494,7 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     mm.scale_bytes = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K ? supers * (int64_t)sizeof(KScales)
                      : mm.format == FORMAT_Q6_K                           ? supers * (int64_t)sizeof(Q6Scales)
                                                                           : blocks * 2;
-    /* codes, then scales and sums: K is a multiple of 256, so the 4-byte arrays stay aligned */
+    /* codes, then scales and sums: K (padded) is a multiple of 256, so the 4-byte arrays stay aligned */
     const size_t scratch = (size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks);
     int8_t *xq = input_k == mm.k ? malloc(scratch) : calloc(scratch, 1); /* the padding: zero codes and scales */
     if (xq == NULL) return PyErr_NoMemory();

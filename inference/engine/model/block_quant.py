@@ -1,7 +1,8 @@
 """Linear layers that keep a GGUF Q4_0, Q8_0 or K-quant file's blocks in memory (CPU): 4-bit (Q4_0) or 8-bit (Q8_0)
 codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's and Q5_K's 4- or
 5-bit codes with a scale and a minimum per 32 values (152 and 184 bytes per 256 against the file's 144 and 176);
-Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210); Q5_0's 5-bit codes as Q8_0 blocks.
+Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210); Q5_0's 5-bit codes with a float16
+scale per 32 values (22 bytes per block, as in the file).
 The C kernel `_matmul.c` multiplies them.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
@@ -182,13 +183,14 @@ def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def encode_q5_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Q5_0 tensor's bytes [out, in / 32 * 22] as Q8_0 blocks: its codes minus 16 are signed bytes and its scale is
-    a float16 too, so they stand for exactly the file's weights (in 34 bytes per 32 values against its 22)."""
+    """A Q5_0 tensor's bytes [out, in / 32 * 22] in the kernel's layout: codes uint8 [out, in / 256 * 160] (0..31,
+    the low four bits packed as Q4_0's, then the plane of fifth bits, as Q5_K's) and the float16 scales [out,
+    in / 32]: the file's 22 bytes per 32 values."""
     out_features = blocks.shape[0]
     rows = blocks.reshape(out_features, -1, Q5_0_BYTES)
-    codes = legacy_codes(rows.reshape(-1, Q5_0_BYTES), 1).to(torch.int8) - 16
-    codes, scales = _kernel_rows(codes.reshape(out_features, -1, BLOCK), _f16_scales(rows))
-    return codes.reshape(out_features, -1), scales
+    codes = legacy_codes(rows.reshape(-1, Q5_0_BYTES), 1).reshape(out_features, -1, BLOCK)
+    codes, scales = _kernel_rows(codes, _f16_scales(rows))
+    return _pack_planes(codes, 1), scales
 
 
 def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,6 +216,12 @@ def decode_q8_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | No
 def decode_q4_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
     """The float32 weight [out, in] that codes and scales stand for (`in_features` leaves out the padding)."""
     values = _deinterleave(_unpack_planes(codes, 0)).float() - 8
+    return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)[:, :in_features]
+
+
+def decode_q5_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that Q5_0 codes and scales stand for (`in_features` leaves out the padding)."""
+    values = _deinterleave(_unpack_planes(codes, 1)).float() - 16
     return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)[:, :in_features]
 
 
@@ -340,12 +348,13 @@ class Q8_0Linear(BlockLinear):
     encode_weight = staticmethod(encode_q8_0)
 
 
-class Q5_0Linear(Q8_0Linear):
-    """Q5_0 blocks held as Q8_0's (`encode_q5_0_blocks`), from the file's bytes: llama.cpp's K-quant files hold Q5_0
-    where a row is not a multiple of 256 values, and a Q5_0 file all through."""
+class Q5_0Linear(BlockLinear):
+    """Q5_0 blocks: 5-bit codes (the value plus 16; the low four bits two to a byte, the fifth in a plane of their
+    own), from the file's bytes. llama.cpp's K-quant files hold Q5_0 where a row is not a multiple of 256 values, and
+    a Q5_0 file all through."""
 
+    FORMAT = 5
     encode = staticmethod(encode_q5_0_blocks)
-    encode_weight = None
 
 
 class Q4_KLinear(BlockLinear):

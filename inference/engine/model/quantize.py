@@ -1,7 +1,8 @@
 """8-bit linear weights (`quantize=True` at load): a quarter of float32's weight bytes per decoded token.
 
-On a CPU where the block kernel is built, a layer whose input features are a multiple of 256 becomes Q8_0 blocks,
-as a GGUF Q8_0 file holds them (model/block_quant.py: 8-bit codes and a float16 scale per 32 input values): scaled
+On a CPU where the block kernel is built, a layer whose rows it takes (`block_quant.fits_blocks`: whole blocks of 32
+values, padded to super-blocks of 256 where that adds at most a third) becomes Q8_0 blocks, as a GGUF Q8_0 file holds
+them (model/block_quant.py: 8-bit codes and a float16 scale per 32 input values): scaled
 per 32 values rather than per output row, it is closer to the float weights than int8 per channel, and it decodes
 on the block kernel and through the decode plan (docs/quantized-weights.md). The rest is int8 as below.
 

@@ -10,9 +10,10 @@ The choice (docs/quantized-weights.md has the figures):
   weights (for the 4- to 6-bit types in fewer bytes than int8), faster than int8 for one to eight rows on AVX-512
   VNNI (slower for a few dozen rows and for prompt chunks; docs/quantized-weights.md). A layer fused from tensors of
   several types (a Q4_K_M file's q and k are Q4_K, its v Q6_K in half the layers) is made of one block layer per run
-  of rows of one type (block_quant.BlockParts). Q5_0 becomes Q8_0 blocks of its own codes and scales (exact). Every
-  other type (Q4_1, Q5_1, Q2_K, Q3_K, the i-quants), and a K-quant whose bytes the checkpoint did not keep, becomes
-  Q8_0 blocks of its expansion: the kernel has no form of its own for them.
+  of rows of one type (block_quant.BlockParts). Q5_0 (which llama.cpp's K-quant files hold where a row is not a
+  multiple of 256 values) keeps its blocks too, in rows padded to whole super-blocks as Q4_0's and Q8_0's can be.
+  Every other type (Q4_1, Q5_1, Q2_K, Q3_K, the i-quants), and a K-quant whose bytes the checkpoint did not keep,
+  becomes Q8_0 blocks of its expansion: the kernel has no form of its own for them.
 - Without the block kernel, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for
   torch's int4 kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
