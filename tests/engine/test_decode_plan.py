@@ -1,8 +1,8 @@
 """The decode plan (model/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
 stories260K (small transposed layers, grouped-query attention), and on a wider random llama with its layers in the
-file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both), Q5_0 and Q8_0 ones in padded rows, or in float32
-on the C kernel; batches of rows of different lengths, one step after another; and a model it cannot serve has no
-plan."""
+file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both; the embedding too, as the file's rows), Q5_0 and
+Q8_0 ones in padded rows, or in float32 on the C kernel; batches of rows of different lengths, one step after
+another; and a model it cannot serve has no plan."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model import matmul_kernel
 from inference.engine.model.decode_plan import DecodePlan
 from inference.engine.model.runner import ModelRunner
+from inference.engine.model.stored_embedding import StoredEmbedding
 from inference.engine.model.transformer import FloatLinear, Transformer
 from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_narrow_rows_gguf, write_wide_gguf
 
@@ -61,6 +62,13 @@ def test_k_quant_blocks_and_parts_decode_the_forwards_logits(tmp_path: Path):
     """Q4_K and Q6_K layers, and q, k and v fused from both (a Q4_K_M file's mix)."""
     path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
     assert_same_steps(_model(path, _keep(path, "q4_k")))
+
+
+def test_an_embedding_kept_as_the_files_rows_decodes_the_forwards_logits(tmp_path: Path):
+    path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
+    model = _model(path, _keep(path, "q4_k", min_embedding_elements=0))
+    assert isinstance(model.embed, StoredEmbedding)
+    assert_same_steps(model)
 
 
 def test_blocks_in_padded_rows_decode_the_forwards_logits(tmp_path: Path):

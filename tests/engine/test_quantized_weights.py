@@ -11,6 +11,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
+from torch import nn
 
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
@@ -25,7 +26,8 @@ from inference.engine.model.block_quant import (
 )
 from inference.engine.model.int4 import GROUP_SIZE, group_quantize
 from inference.engine.model.runner import ModelRunner
-from inference.engine.model.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
+from inference.engine.model.stored_embedding import StoredEmbedding
+from inference.engine.model.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import Transformer, linear_sources
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
@@ -77,13 +79,15 @@ def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
     return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
 
 
-def _keep(path: Path, form: str) -> KeepQuantized:
+def _keep(path: Path, form: str, **options) -> KeepQuantized:
     """What keeps the stored types quantized in `form` ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "int4" or
-    "int8") on any CPU."""
+    "int8") on any CPU; `options` are KeepQuantized's others."""
     checkpoint = read_gguf(path)
     stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
     block_kernel = form not in ("int4", "int8")
-    return KeepQuantized(stored, checkpoint.file_bytes, block_kernel=block_kernel, int4_kernel=form == "int4")
+    return KeepQuantized(
+        stored, checkpoint.file_bytes, block_kernel=block_kernel, int4_kernel=form == "int4", **options
+    )
 
 
 def _logits(model: Transformer) -> list[torch.Tensor]:
@@ -249,6 +253,43 @@ def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtyp
     assert checkpoint.tensors.decoded == {"model.embed_tokens.weight", "model.norm.weight"} | {
         f"model.layers.0.{norm}.weight" for norm in ("input_layernorm", "post_attention_layernorm")
     }
+    for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
+        assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q3_K], ids=lambda t: t.name)
+def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype: Q):
+    """Over the size threshold, the token embedding is the file's rows (never expanded whole), each looked-up row
+    expanded exactly as the float table held it: the logits are the float table's bit for bit."""
+    path = write_wide_gguf(tmp_path, qtype)
+    checkpoint = read_gguf(path)
+    keep = _keep(path, "q8_0", min_embedding_elements=512 * 512)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    assert isinstance(model.embed, StoredEmbedding)
+    assert torch.equal(model.embed.rows, checkpoint.file_bytes[EMBEDDING])
+    assert EMBEDDING not in checkpoint.tensors.decoded
+    float_table = _model(path, _keep(path, "q8_0", min_embedding_elements=512 * 512 + 1))
+    assert isinstance(float_table.embed, nn.Embedding)
+    assert weight_bytes(model) <= weight_bytes(float_table) - 512 * 512 * (4 - 34 / 32)  # at most Q8_0's bytes
+    for got, want in zip(_logits(model), _logits(float_table), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda t: t.name)
+def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
+    """Tied to the output head (no output.weight in the file), a Q6_K table is the head's blocks and the embedding's
+    rows, both from the file's bytes: only the norms are decoded. A Q3_K one's head is Q8_0 blocks of the table's
+    expansion (its bytes, kept for the embedding, are not Q8_0's)."""
+    matrices = {name: shape for name, shape in WIDE_MATRICES.items() if name != "output.weight"}
+    path = write_wide_gguf(tmp_path, qtype, WIDE | {"tie_word_embeddings": True}, matrices)
+    checkpoint = read_gguf(path)
+    assert checkpoint.config.tie_word_embeddings
+    keep = _keep(path, "q8_0", min_embedding_elements=0)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    assert isinstance(model.embed, StoredEmbedding)
+    assert linear_formats(model) == {"q6_k" if qtype == Q.Q6_K else "q8_0": 5}
+    expanded = {name for name in checkpoint.tensors.decoded if not name.endswith("norm.weight")}
+    assert expanded == (set() if qtype == Q.Q6_K else {name for name in checkpoint.tensor_types if "norm" not in name})
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 

@@ -31,7 +31,7 @@ from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_
 from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.stored_quant import FILE_BYTES_TYPES
+from inference.engine.model.stored_quant import EMBEDDING, FILE_BYTES_TYPES, QUANTIZED_TYPES
 from inference.engine.model.transformer import expected_hf_shapes
 
 _TOP_LEVEL_NAMES = {
@@ -85,7 +85,8 @@ class GGUFCheckpoint:
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
     tensor_types: dict[str, str]  # each tensor's ggml type name in the file ("F32", "Q8_0", "Q4_K", ...), by HF name
     # The file's bytes [rows, bytes per row] of each tensor of a type in FILE_BYTES_TYPES, rows in the floats' order:
-    # layers that keep such a type in memory are made from them (model/block_quant.py).
+    # layers that keep such a type in memory are made from them (model/block_quant.py); and of a quantized token
+    # embedding, which may stay as its rows (model/stored_embedding.py).
     file_bytes: dict[str, torch.Tensor]
 
 
@@ -120,7 +121,8 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
         tensor = by_name[name]
         _check_type(path, tensor)
         decoders[hf_name] = partial(_decode, path, tensor, expected[hf_name], heads.get(hf_name))
-        if tensor.tensor_type.name in FILE_BYTES_TYPES:
+        kept = tensor.tensor_type.name in FILE_BYTES_TYPES  # and a quantized embedding's, which it may keep as is
+        if kept or (hf_name == EMBEDDING and tensor.tensor_type.name in QUANTIZED_TYPES):
             rows = _file_rows(path, tensor, expected[hf_name])
             file_bytes[hf_name] = rows if hf_name not in heads else _interleaved_to_half_split(rows, heads[hf_name])
         progress.read(int(tensor.n_bytes))

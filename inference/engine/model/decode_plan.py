@@ -16,6 +16,7 @@ CUDA).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import partial
 
@@ -82,6 +83,15 @@ _CALLS = {
 }
 
 
+def _embed_into(embed: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """Writes the tokens' embeddings into a buffer: a float table's rows copied straight in, a StoredEmbedding's
+    (the file's quantized rows) expanded and copied."""
+    if isinstance(embed, torch.nn.Embedding):
+        weight = embed.weight
+        return lambda tokens, out: torch.index_select(weight, 0, tokens, out=out)
+    return lambda tokens, out: out.copy_(embed(tokens))
+
+
 def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall | None:
     for kind, call in _CALLS.items():
         if isinstance(layer, kind):
@@ -135,6 +145,7 @@ class DecodePlan:
         self.qkv_width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.ffn = config.intermediate_size
         self.final_norm = model.norm.weight.data_ptr()
+        self.embed = _embed_into(model.embed)
         self.buffers: _Buffers | None = None  # for the largest batch so far
         self.views: dict[int, _Buffers] = {}  # its first rows, by batch size
 
@@ -145,8 +156,8 @@ class DecodePlan:
             paged_attention.KERNEL is None
             or pointwise.KERNEL is None
             or MATMUL is None
-            or model.embed.weight.device.type != "cpu"
-            or model.embed.weight.dtype != torch.float32
+            or model.norm.weight.device.type != "cpu"
+            or model.norm.weight.dtype != torch.float32
             or any(block.attention.qk_norm is not None for block in model.layers)
         ):
             return None
@@ -177,7 +188,7 @@ class DecodePlan:
             b = self.views[rows] = self.buffers.rows_of(rows)
         model, norm, attend = self.model, pointwise.KERNEL.rms_norm, paged_attention.KERNEL.decode
         positions = view.positions.reshape(-1)
-        torch.index_select(model.embed.weight, 0, tokens, out=b.x)
+        self.embed(tokens, b.x)
         torch.index_select(model.rope_cos, 0, positions, out=b.cos)
         torch.index_select(model.rope_sin_signed, 0, positions, out=b.sin_signed)
         x, delta, normed, qkv, attended = (t.data_ptr() for t in (b.x, b.delta, b.normed, b.qkv, b.attended))

@@ -60,7 +60,7 @@ class ModelRunner:
         self.max_concurrent = max_concurrent
         self.context_window = context_window
         self.vocab_size = config.vocab_size
-        self.device = model.embed.weight.device
+        self.device = model.norm.weight.device
         per_sequence = pool_blocks(context_window, block_size)
         with torch.inference_mode():
             self.cache = KVCache(
@@ -70,7 +70,7 @@ class ModelRunner:
                 num_kv_heads=config.num_kv_heads,
                 context_window=context_window,
                 head_dim=config.head_dim,
-                dtype=kv_dtype or model.embed.weight.dtype,
+                dtype=kv_dtype or model.norm.weight.dtype,
                 device=self.device,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one

@@ -44,6 +44,7 @@ from inference.engine.model.block_quant import (
 )
 from inference.engine.model.int4 import Int4Linear, fits_int4
 from inference.engine.model.quantize import DynamicInt8Linear
+from inference.engine.model.stored_embedding import StoredEmbedding
 
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
 # The types that have a block layer of their own, made from the file's bytes, which a GGUF checkpoint therefore keeps
@@ -52,6 +53,9 @@ FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0"})
 BLOCK_FORMS = frozenset(t.lower() for t in FILE_BYTES_TYPES)
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
+EMBEDDING = "model.embed_tokens.weight"
+# From this many values (16 MB in float32) a quantized embedding table keeps the file's rows (stored_embedding.py).
+MIN_STORED_EMBEDDING_ELEMENTS = 1 << 22
 
 
 def int4_kernel_is_fast() -> bool:
@@ -65,14 +69,28 @@ def int4_kernel_is_fast() -> bool:
 @dataclass(frozen=True)
 class KeepQuantized:
     """What a load keeps quantized: `stored_types` maps the Hugging Face names of the checkpoint's quantized tensors
-    to their GGUF type, `file_bytes` those of FILE_BYTES_TYPES to their bytes in the file; `block_kernel`,
-    `int4_kernel` and `min_elements` default to this build's and this CPU's choice."""
+    to their GGUF type, `file_bytes` those of FILE_BYTES_TYPES (and the embedding's, whatever its type) to their
+    bytes in the file; `block_kernel`, `int4_kernel`, `min_elements` and `min_embedding_elements` default to this
+    build's and this CPU's choice."""
 
     stored_types: Mapping[str, str]
     file_bytes: Mapping[str, torch.Tensor] = field(default_factory=dict)
     block_kernel: bool = block_quant.KERNEL is not None
     int4_kernel: bool = field(default_factory=int4_kernel_is_fast)
     min_elements: int = MIN_QUANTIZED_ELEMENTS
+    min_embedding_elements: int = MIN_STORED_EMBEDDING_ELEMENTS
+
+    def stored_embedding(self, embedding_dim: int) -> StoredEmbedding | None:
+        """The token embedding as the file's rows, where the table is quantized and large enough to be worth it."""
+        rows = self.file_bytes.get(EMBEDDING)
+        if rows is None or rows.shape[0] * embedding_dim < self.min_embedding_elements:
+            return None
+        return StoredEmbedding(rows, self.stored_types[EMBEDDING], embedding_dim)
+
+    def from_bytes(self, form: str, sources: list[str]) -> bool:
+        """Whether a block layer of `form` is made from its sources' bytes: they were kept, and are that form's type
+        (a type without a layer of its own becomes Q8_0 blocks of its expansion)."""
+        return all(n in self.file_bytes and self.stored_types[n].lower() == form for n in sources)
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
         """ "q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "parts" (each source in its block form, `block_form`),
@@ -114,8 +132,10 @@ def made_from_file(model: nn.Module, sources: dict[str, list[str]], keep: KeepQu
     names = set()
     for qualified, module in model.named_modules():
         if qualified in sources and isinstance(module, nn.Linear):
-            form = keep.form(module, sources[qualified])
-            if (form in BLOCK_FORMS or form == "parts") and all(n in keep.file_bytes for n in sources[qualified]):
+            fused = sources[qualified]
+            form = keep.form(module, fused)
+            parts = form == "parts" and all(keep.from_bytes(keep.block_form(n), [n]) for n in fused)
+            if parts or (form in BLOCK_FORMS and keep.from_bytes(form, fused)):
                 names.add(qualified)
     return names
 
@@ -166,6 +186,6 @@ def _block_parts(
 def _block_layer(form: str, linear: nn.Linear, sources: list[str], keep: KeepQuantized) -> BlockLinear:
     """A block layer of `form` for a layer fused from `sources`: from their bytes (its rows: theirs, one after
     another) where the checkpoint kept them, else from the float weight."""
-    if all(name in keep.file_bytes for name in sources):
+    if keep.from_bytes(form, sources):
         return LAYERS[form](linear, torch.cat([keep.file_bytes[name] for name in sources]))
     return LAYERS[form](linear)

@@ -357,8 +357,9 @@ class Transformer(nn.Module):
         ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
 
         `keep` names the Hugging Face weights the checkpoint stores quantized: on CPU in float32, the linear layers
-        made of them stay quantized in the form model/stored_quant.py chooses; those made from the file's bytes are
-        never asked of `tensors` (a GGUF checkpoint decodes each tensor when asked: loaders/gguf.py)."""
+        made of them stay quantized in the form model/stored_quant.py chooses, and a large quantized embedding table
+        stays as the file's rows (model/stored_embedding.py); what is made from the file's bytes is never asked of
+        `tensors` (a GGUF checkpoint decodes each tensor when asked: loaders/gguf.py)."""
         if quantize and attachable:
             raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
         with torch.device("meta"):
@@ -367,6 +368,9 @@ class Transformer(nn.Module):
         sources = linear_sources(config)
         keeps = keep is not None and on_cpu and not attachable and not quantize and dtype == torch.float32
         from_file = {f"{name}.weight" for name in made_from_file(model, sources, keep)} if keeps else set()
+        stored_embedding = keep.stored_embedding(config.hidden_size) if keeps else None
+        if stored_embedding is not None:
+            from_file.add("embed.weight")
         fused = fuse_hf_weights(config, tensors, skip=from_file)
         if attachable and on_cpu:
             model.arena, weights = place_in_arena(fused, dtype)
@@ -390,6 +394,8 @@ class Transformer(nn.Module):
         if keeps:
             rows = {name: shape[0] for name, shape in expected_hf_shapes(config).items()}
             keep_quantized(model, sources, keep, rows)
+        if stored_embedding is not None:
+            model.embed = stored_embedding
         if on_cpu and not attachable:
             cpu_linears(model, float32=dtype == torch.float32)
         return model
