@@ -1,8 +1,8 @@
 """The block kernel (model/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
-their float32 expansion, a K-quant or Q5_0 file's (Q4_K, Q5_K, Q6_K) from its bytes, and the kernel's products are
-the exact block sums of the quantized activations and weights, for each format, any number of rows and output
-features (its tiles of 4 x 2 and 1 x 4 and every remainder), rows padded to whole super-blocks, on every
-implementation the CPU runs."""
+their float32 expansion, a K-quant's (Q4_K, Q5_K, Q6_K) or a Q5_0, Q4_1 or Q5_1 file's from its bytes, and the
+kernel's products are the exact block sums of the quantized activations and weights, for each format, any number
+of rows and output features (its tiles of 4 x 2 and 1 x 4 and every remainder), rows padded to whole super-blocks,
+on every implementation the CPU runs."""
 
 import gguf
 import numpy as np
@@ -15,20 +15,26 @@ from inference.engine.model.block_quant import (
     BLOCK,
     KERNEL,
     Q4_0Linear,
+    Q4_1Linear,
     Q4_KLinear,
     Q5_0Linear,
+    Q5_1Linear,
     Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
     decode_q4_0,
+    decode_q4_1,
     decode_q4_k,
     decode_q5_0,
+    decode_q5_1,
     decode_q5_k,
     decode_q6_k,
     decode_q8_0,
     encode_q4_0,
+    encode_q4_1_blocks,
     encode_q4_k,
     encode_q5_0_blocks,
+    encode_q5_1_blocks,
     encode_q5_k,
     encode_q6_k,
     encode_q8_0,
@@ -155,34 +161,45 @@ def test_the_kernel_computes_the_k_quant_product(kernel: str, name: str, rows: i
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def _q5_0_file(seed: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bytes of a Q5_0 tensor the gguf package writes [rows, bytes per row] and their float32 expansion."""
-    raw = gguf.quants.quantize(
-        (0.05 * np.random.default_rng(seed).standard_normal((rows, cols))).astype(np.float32), Q.Q5_0
-    )
+# The legacy types kept from the file's bytes: (layer, encode, decode, code bytes per 256 values, scale bytes per 256).
+LEGACY_FORMATS = {
+    "Q5_0": (Q5_0Linear, encode_q5_0_blocks, decode_q5_0, 160, 16),
+    "Q4_1": (Q4_1Linear, encode_q4_1_blocks, decode_q4_1, 128, 32),
+    "Q5_1": (Q5_1Linear, encode_q5_1_blocks, decode_q5_1, 160, 32),
+}
+
+
+def _legacy_file(name: str, seed: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bytes of a tensor the gguf package writes [rows, bytes per row] and their float32 expansion."""
+    values = (0.05 * np.random.default_rng(seed).standard_normal((rows, cols))).astype(np.float32)
+    raw = gguf.quants.quantize(values, Q[name])
     stored = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(rows, -1))
-    return stored, dequantize(stored, Q.Q5_0, (rows, cols))
+    return stored, dequantize(stored, Q[name], (rows, cols))
 
 
+@pytest.mark.parametrize("name", LEGACY_FORMATS)
 @pytest.mark.parametrize("in_features", [512, 640], ids=["whole", "padded"])
-def test_q5_0_bytes_give_the_files_expansion_exactly_in_its_bytes(in_features: int):
-    stored, weight = _q5_0_file(0, 48, in_features)
-    codes, scales = encode_q5_0_blocks(stored)
-    padded = -(-in_features // 256) * 256
-    assert codes.shape == (48, padded // 256 * 160) and scales.shape == (48, padded // BLOCK)  # 22 bytes per block
-    assert torch.equal(decode_q5_0(codes, scales, in_features), weight)
+def test_legacy_bytes_give_the_files_expansion_exactly_in_its_bytes(name: str, in_features: int):
+    _, encode, decode, code_bytes, scale_bytes = LEGACY_FORMATS[name]
+    stored, weight = _legacy_file(name, 0, 48, in_features)
+    codes, scales = encode(stored)
+    supers = -(-in_features // 256)
+    assert codes.shape[0] == scales.shape[0] == 48
+    assert codes[0].numel() == supers * code_bytes and scales[0].numel() * 2 == supers * scale_bytes
+    assert torch.equal(decode(codes, scales, in_features), weight)
 
 
+@pytest.mark.parametrize("name", LEGACY_FORMATS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 @pytest.mark.parametrize("out_features", [6, 8, 13])
 @pytest.mark.parametrize("in_features", [768, 640], ids=["whole", "padded"])
-def test_the_kernel_computes_the_q5_0_product(kernel: str, rows: int, out_features: int, in_features: int):
+def test_the_kernel_computes_the_legacy_product(kernel: str, name: str, rows: int, out_features: int, in_features: int):
     torch.manual_seed(rows * 100 + out_features)
-    stored, weight = _q5_0_file(out_features, out_features, in_features)
+    stored, weight = _legacy_file(name, out_features, out_features, in_features)
     linear = nn.Linear(in_features, out_features, bias=True)
     with torch.no_grad():
         linear.weight.copy_(weight)
-    layer = Q5_0Linear(linear, stored)
+    layer = LEGACY_FORMATS[name][0](linear, stored)
     x = torch.randn(rows, in_features)
     x[0, :BLOCK] = 0
     got = layer(x)

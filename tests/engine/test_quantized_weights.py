@@ -18,8 +18,10 @@ from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
 from inference.engine.model.block_quant import (
     BlockParts,
+    decode_q4_1,
     decode_q4_k,
     decode_q5_0,
+    decode_q5_1,
     decode_q5_k,
     decode_q6_k,
     decode_q8_0,
@@ -60,9 +62,9 @@ TOLERANCE = {
     ("q6_k", "Q6_K"): 0.05,  # the file's weights: what is left is the activations' 8 bits, which this model amplifies
     ("q5_k", "Q5_K"): 0.02,
     ("q5_0", "Q5_0"): 0.03,
-    ("q8_0", "Q4_1"): 0.03,  # these: Q8_0 blocks re-encoded from the expansion, a second rounding
-    ("q8_0", "Q5_1"): 0.03,
-    ("q8_0", "Q3_K"): 0.02,
+    ("q4_1", "Q4_1"): 0.03,
+    ("q5_1", "Q5_1"): 0.03,
+    ("q8_0", "Q3_K"): 0.02,  # these: Q8_0 blocks re-encoded from the expansion, a second rounding
     ("q8_0", "IQ4_XS"): 0.02,
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
@@ -159,7 +161,7 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
 def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
     fused) stands for exactly the weights the file expands to."""
@@ -170,7 +172,14 @@ def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Pat
     sources = linear_sources(checkpoint.config)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LAYERS[form])}
     assert sorted(layers) == sorted(sources)
-    decode = {Q.Q4_K: decode_q4_k, Q.Q5_K: decode_q5_k, Q.Q6_K: decode_q6_k, Q.Q5_0: decode_q5_0}[qtype]
+    decode = {
+        Q.Q4_K: decode_q4_k,
+        Q.Q5_K: decode_q5_k,
+        Q.Q6_K: decode_q6_k,
+        Q.Q5_0: decode_q5_0,
+        Q.Q4_1: decode_q4_1,
+        Q.Q5_1: decode_q5_1,
+    }[qtype]
     for name, layer in layers.items():
         expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
         assert torch.equal(decode(layer.codes, layer.scales), expanded), name
@@ -240,7 +249,7 @@ def write_narrow_rows_gguf(tmp_path: Path, tokenizer: Path | None = None) -> Pat
     return write_wide_gguf(tmp_path, Q.Q5_0, NARROW_ROWS, NARROW_ROWS_MATRICES, norms, tokenizer, Q4_K_M_FALLBACKS)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q5_1], ids=lambda t: t.name)
 def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, the kept layers' weights are never decoded to float32: only the embedding and
     the norms are (so a load's peak memory is near the file's size, not the float32 model's)."""

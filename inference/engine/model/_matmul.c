@@ -1,7 +1,7 @@
 /* The linear layers' C kernels (CPU), sharing one elastic pool of threads: float32 weights (_float_matmul.h,
- * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q5_0, Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) blocks.
+ * transformer.py's FloatLinear) and, below, GGUF Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or K-quant (Q4_K, Q5_K, Q6_K) blocks.
  *
- * Matmul of float32 activations with Q4_0-, Q5_0-, Q8_0-, Q4_K-, Q5_K- or Q6_K-quantized weights (block_quant.py):
+ * Matmul of float32 activations with weights in one of those block formats (block_quant.py):
  * out[M, N] = x[M, K] @ W[N, K]^T.
  *
  * The weights are a GGUF Q4_0 file's blocks, 18 bytes per 32 input values as in the file: a float16 scale d and 32
@@ -46,7 +46,12 @@
  * are kept as Q4_0's with Q5_K's plane of fifth bits after each super-block's nibbles, the same 22 bytes: their
  * integer sums are Q4_0's with the offset 16 * sum(x).
  *
- * Q4_0, Q5_0 and Q8_0 rows of a length that is a multiple of 32 but not of 256 (a model 896 or
+ * Q4_1 and Q5_1 blocks (20 and 24 bytes in the file: a float16 scale d and minimum m, then Q4_0's or Q5_0's codes q,
+ * 0..15 or 0..31; value = d * q + m) are kept as Q4_0's and Q5_0's codes, and per super-block the 8 blocks' d then
+ * their 8 m as float16 (32 bytes): a block's product is xd * (d * sum(q x) + m * sum(x)), as for Q4_K with the
+ * scale and minimum per block, with sum(x) from the activations' block sums.
+ *
+ * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows of a length that is a multiple of 32 but not of 256 (a model 896 or
  * 576 wide) are stored padded to whole super-blocks with zero codes and zero scales (block_quant.py), and each call
  * quantizes the activations into rows padded the same way with zeros: the padding adds nothing to a sum, and the
  * kernel sees only whole super-blocks.
@@ -73,7 +78,16 @@
 #define SUPER 256 /* values per super-block: 8 blocks */
 #define ROWS_PER_TILE 4
 
-enum { FORMAT_Q4_0 = 0, FORMAT_Q8_0 = 1, FORMAT_Q4_K = 2, FORMAT_Q6_K = 3, FORMAT_Q5_K = 4, FORMAT_Q5_0 = 5 };
+enum {
+    FORMAT_Q4_0 = 0,
+    FORMAT_Q8_0 = 1,
+    FORMAT_Q4_K = 2,
+    FORMAT_Q6_K = 3,
+    FORMAT_Q5_K = 4,
+    FORMAT_Q5_0 = 5,
+    FORMAT_Q4_1 = 6,
+    FORMAT_Q5_1 = 7
+};
 
 /* A Q4_K or Q5_K super-block's scales (24 bytes; block_quant.py writes them). */
 typedef struct {
@@ -93,7 +107,7 @@ typedef struct {
     const float *xd;       /* [M, K/32] activation scales */
     const int32_t *xsum8;  /* [M, K/32] 8 * each activation block's sum of codes */
     const uint8_t *codes;  /* Q4_0: uint8 [N, K/2]; Q8_0: int8 [N, K]; interleaved */
-    const uint16_t *wd;    /* Q4_0, Q5_0, Q8_0: [N, K/32] weight scales, float16 */
+    const uint16_t *wd;    /* Q4_0, Q5_0, Q8_0: [N, K/32] weight scales, float16; Q4_1, Q5_1: [N, K/256, 16] */
     const KScales *ks;     /* Q4_K, Q5_K: [N, K/256] */
     const Q6Scales *q6;    /* Q6_K: [N, K/256] */
     int64_t m, n, k, out_stride;
@@ -128,7 +142,7 @@ static float f16_to_f32(uint16_t h) { return (float)*(const _Float16 *)&h; }
  * with their planes of top bits. */
 static inline int64_t super_bytes(int format) {
     if (format == FORMAT_Q8_0) return SUPER;
-    const int five = format == FORMAT_Q5_K || format == FORMAT_Q5_0;
+    const int five = format == FORMAT_Q5_K || format == FORMAT_Q5_0 || format == FORMAT_Q5_1;
     return SUPER / 2 + (five ? BLOCK : format == FORMAT_Q6_K ? 2 * BLOCK : 0);
 }
 
@@ -141,16 +155,17 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
                 int32_t sums[8], second[8] = {0}; /* Q6_K: the blocks' first and second halves apart */
                 const int q8 = mm->format == FORMAT_Q8_0, k6 = mm->format == FORMAT_Q6_K;
                 const int mins = mm->format == FORMAT_Q4_K || mm->format == FORMAT_Q5_K;
+                const int block_mins = mm->format == FORMAT_Q4_1 || mm->format == FORMAT_Q5_1;
                 const int offset = mm->format == FORMAT_Q5_0 ? 2 : 1; /* 16 or 8 times sum(x) */
                 for (int j = 0; j < 8; j++)
-                    sums[j] = q8 || mins || k6 ? 0 : -offset * mm->xsum8[m * blocks + s * 8 + j];
+                    sums[j] = q8 || mins || block_mins || k6 ? 0 : -offset * mm->xsum8[m * blocks + s * 8 + j];
                 const uint8_t *codes = mm->codes + n * mm->row_bytes + s * super_bytes(mm->format);
                 const int8_t *x = mm->xq + m * mm->k + s * SUPER;
                 for (int g = 0; g < 8; g++)
                     for (int p = 0; p < BLOCK; p++) {
                         const uint8_t byte = codes[(q8 ? g : g % 4) * BLOCK + p];
                         int w = q8 ? (int8_t)byte : g < 4 ? byte & 0x0F : byte >> 4;
-                        if (mm->format == FORMAT_Q5_K || mm->format == FORMAT_Q5_0)
+                        if (super_bytes(mm->format) == SUPER / 2 + BLOCK) /* Q5_0, Q5_1, Q5_K */
                             w |= (codes[4 * BLOCK + p] >> g & 1) << 4;
                         if (k6) w = (w | (codes[(4 + g / 4) * BLOCK + p] >> 2 * (g % 4) & 3) << 4) - 32;
                         (k6 && g >= 4 ? second : sums)[p / 4] += w * x[g * BLOCK + p];
@@ -161,6 +176,10 @@ static void matmul_rows_portable(const Matmul *mm, int64_t n_first, int64_t n_la
                         const KScales *ks = mm->ks + n * supers + s;
                         const float x_sum = (float)(mm->xsum8[m * blocks + s * 8 + j] / 8);
                         total += xd * (ks->d * ks->scales[j] * (float)sums[j] - ks->dmin * ks->mins[j] * x_sum);
+                    } else if (block_mins) {
+                        const uint16_t *dm = mm->wd + (n * supers + s) * 16;
+                        const float x_sum = (float)(mm->xsum8[m * blocks + s * 8 + j] / 8);
+                        total += xd * (f16_to_f32(dm[j]) * (float)sums[j] + f16_to_f32(dm[8 + j]) * x_sum);
                     } else if (k6) {
                         const Q6Scales *q6 = mm->q6 + n * supers + s;
                         total += xd * q6->d * (q6->first[j] * (float)sums[j] + q6->second[j] * (float)second[j]);
@@ -272,10 +291,10 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
 
 /* out[m0 .. m0 + RM, n0 .. n0 + RN]: each weight vector is loaded once for RM activation rows, each activation
  * vector once for RN weight rows. A super-block's 8 int32 block sums start at -8 * sum(x) per block for Q4_0 (its
- * codes are the values plus 8), -16 * sum(x) for Q5_0, at 0 for the others (Q4_K's and Q5_K's minimum is taken off in
- * float). Q8 (signed byte codes), MINS (Q4_K's and Q5_K's scales) and HIGH (the planes of top bits after the
- * nibbles: 1 for Q5_0 and Q5_K, 2 for Q6_K, whose blocks' halves are summed apart) are constants: each format gets
- * its own code. */
+ * codes are the values plus 8), -16 * sum(x) for Q5_0, at 0 for the others (the minimum of Q4_1, Q5_1, Q4_K and
+ * Q5_K is added in float). Q8 (signed byte codes), MINS (1: Q4_K's and Q5_K's scales; 2: Q4_1's and Q5_1's float16
+ * scale and minimum per block) and HIGH (the planes of top bits after the nibbles: 1 for Q5_0, Q5_1 and Q5_K, 2 for
+ * Q6_K, whose blocks' halves are summed apart) are constants: each format gets its own code. */
 #define TILE(TARGET, SUFFIX, FMT, Q8, MINS, HIGH, ONE_ROW)                                                         \
     __attribute__((target(TARGET), always_inline)) static inline void tile_##SUFFIX##FMT(                         \
         const Matmul *mm, int64_t n0, int64_t m0, const int RN, const int RM) {                                    \
@@ -340,6 +359,21 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                 }                                                                                                  \
             }                                                                                                      \
             for (int i = 0; i < RN; i++) {                                                                         \
+                if (MINS == 2) { /* xd * (d_j * sum(q x) + m_j / 8 * 8 sum(x)) */                                  \
+                    const uint16_t *dm = mm->wd + ((n0 + i) * supers + s) * 16;                                    \
+                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));                        \
+                    const __m256 min = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 8))), \
+                                                     _mm256_set1_ps(0.125f));                                      \
+                    for (int r = 0; r < RM; r++) {                                                                 \
+                        const __m256 x_sum8 = _mm256_cvtepi32_ps(                                                  \
+                            _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));         \
+                        const __m256 block = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[i][r]),                    \
+                                                             _mm256_mul_ps(min, x_sum8));                          \
+                        acc[i][r] = _mm256_fmadd_ps(block, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8),    \
+                                                    acc[i][r]);                                                    \
+                    }                                                                                              \
+                    continue;                                                                                      \
+                }                                                                                                  \
                 if (MINS) { /* xd * (d * scale_j * sum(q x) - dmin / 8 * min_j * 8 sum(x)) */                        \
                     const KScales *ks = mm->ks + (n0 + i) * supers + s;                                            \
                     const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), u8_to_ps(ks->scales));              \
@@ -419,12 +453,16 @@ TILE(AVX2, avx2, _q4_k, 0, 1, 0, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q5_k, 0, 1, 1, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q6_k, 0, 0, 2, ONE_ROW_AVX2)
 TILE(AVX2, avx2, _q5_0, 0, 0, 1, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q4_1, 0, 2, 0, ONE_ROW_AVX2)
+TILE(AVX2, avx2, _q5_1, 0, 2, 1, ONE_ROW_AVX2)
 TILE(VNNI, vnni, _q4_0, 0, 0, 0, 0)
 TILE(VNNI, vnni, _q8_0, 1, 0, 0, ONE_ROW_VNNI_FEW_ROWS)
 TILE(VNNI, vnni, _q4_k, 0, 1, 0, 0)
 TILE(VNNI, vnni, _q5_k, 0, 1, 1, 0)
 TILE(VNNI, vnni, _q6_k, 0, 0, 2, ONE_ROW_VNNI_FEW_ROWS)
 TILE(VNNI, vnni, _q5_0, 0, 0, 1, 0)
+TILE(VNNI, vnni, _q4_1, 0, 2, 0, 0)
+TILE(VNNI, vnni, _q5_1, 0, 2, 1, 0)
 
 /* One implementation's row walk, per weight format. */
 #define BY_FORMAT(SUFFIX)                                                                                          \
@@ -434,6 +472,8 @@ TILE(VNNI, vnni, _q5_0, 0, 0, 1, 0)
         else if (mm->format == FORMAT_Q6_K) matmul_rows_##SUFFIX##_q6_k(mm, n_first, n_last);                      \
         else if (mm->format == FORMAT_Q5_K) matmul_rows_##SUFFIX##_q5_k(mm, n_first, n_last);                      \
         else if (mm->format == FORMAT_Q5_0) matmul_rows_##SUFFIX##_q5_0(mm, n_first, n_last);                      \
+        else if (mm->format == FORMAT_Q4_1) matmul_rows_##SUFFIX##_q4_1(mm, n_first, n_last);                      \
+        else if (mm->format == FORMAT_Q5_1) matmul_rows_##SUFFIX##_q5_1(mm, n_first, n_last);                      \
         else matmul_rows_##SUFFIX##_q4_0(mm, n_first, n_last);                                                     \
     }
 BY_FORMAT(avx2)
@@ -476,12 +516,13 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nnnnLLLiL", &out, &x, &codes, &scales, &mm.m, &mm.n, &mm.k, &mm.format,
                           &mm.out_stride))
         return NULL;
-    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K), 4 (Q5_K) or 5 (Q5_0)");
+    if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_1) {
+        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K), 4 (Q5_K), 5 (Q5_0), "
+                                          "6 (Q4_1) or 7 (Q5_1)");
         return NULL;
     }
-    const int padded = mm.format == FORMAT_Q4_0 || mm.format == FORMAT_Q8_0 || mm.format == FORMAT_Q5_0;
+    const int k_quant = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K || mm.format == FORMAT_Q6_K;
+    const int padded = !k_quant;
     if (mm.k % (padded ? BLOCK : SUPER) != 0) {
         PyErr_SetString(PyExc_ValueError, padded ? "in_features must be a multiple of 32"
                                                  : "in_features must be a multiple of 256 for a K-quant");
@@ -493,6 +534,7 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
     mm.row_bytes = supers * super_bytes(mm.format);
     mm.scale_bytes = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K ? supers * (int64_t)sizeof(KScales)
                      : mm.format == FORMAT_Q6_K                           ? supers * (int64_t)sizeof(Q6Scales)
+                     : mm.format == FORMAT_Q4_1 || mm.format == FORMAT_Q5_1 ? blocks * 4
                                                                           : blocks * 2;
     /* codes, then scales and sums: K (padded) is a multiple of 256, so the 4-byte arrays stay aligned */
     const size_t scratch = (size_t)(mm.m * mm.k) + 8 * (size_t)(mm.m * blocks);

@@ -2,7 +2,8 @@
 codes with a float16 scale per 32 input values, 18 or 34 bytes per block as in the file; Q4_K's and Q5_K's 4- or
 5-bit codes with a scale and a minimum per 32 values (152 and 184 bytes per 256 against the file's 144 and 176);
 Q6_K's 6-bit codes with a scale per 16 values (212 bytes per 256 against 210); Q5_0's 5-bit codes with a float16
-scale per 32 values (22 bytes per block, as in the file).
+scale per 32 values, Q4_1's and Q5_1's 4- or 5-bit codes with a float16 scale and minimum per 32 values (22, 20 and
+24 bytes per block, as in the file).
 The C kernel `_matmul.c` multiplies them.
 
 Re-encoding the file's float32 expansion with GGUF's rule gives back the file's codes and scales exactly (a block's
@@ -167,9 +168,9 @@ def _unpack_planes(codes: torch.Tensor, high_bits: int) -> torch.Tensor:
     return vectors
 
 
-# A block of each in the file: f16 d, then 16 bytes of nibbles, 32 signed codes, or 4 bytes of fifth bits and 16 of
-# nibbles.
-Q4_0_BYTES, Q8_0_BYTES, Q5_0_BYTES = 18, 34, 22
+# A block of each in the file: f16 d (Q4_1, Q5_1: then f16 m), then 16 bytes of nibbles, 32 signed codes, or 4 bytes
+# of fifth bits and 16 of nibbles.
+Q4_0_BYTES, Q8_0_BYTES, Q5_0_BYTES, Q4_1_BYTES, Q5_1_BYTES = 18, 34, 22, 20, 24
 
 
 def encode_q4_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +192,29 @@ def encode_q5_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     codes = legacy_codes(rows.reshape(-1, Q5_0_BYTES), 1).reshape(out_features, -1, BLOCK)
     codes, scales = _kernel_rows(codes, _f16_scales(rows))
     return _pack_planes(codes, 1), scales
+
+
+def encode_q4_1_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q4_1 tensor's bytes [out, in / 32 * 20] in the kernel's layout: codes as Q4_0's (0..15, no offset) and per
+    super-block the 8 blocks' float16 scales, then their 8 minimums ([out, in / 256, 16]): the file's 20 bytes per
+    32 values."""
+    return _with_minimums(blocks, Q4_1_BYTES, 0)
+
+
+def encode_q5_1_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q5_1 tensor's bytes [out, in / 32 * 24] in the kernel's layout: codes as Q5_0's (0..31, no offset), the
+    scales and minimums as Q4_1's: the file's 24 bytes per 32 values."""
+    return _with_minimums(blocks, Q5_1_BYTES, 1)
+
+
+def _with_minimums(blocks: torch.Tensor, block_bytes: int, high_bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    out_features = blocks.shape[0]
+    rows = blocks.reshape(out_features, -1, block_bytes)
+    codes = legacy_codes(rows.reshape(-1, block_bytes), high_bits).reshape(out_features, -1, BLOCK)
+    scales_minimums = rows[..., :4].contiguous().view(torch.float16)  # [out, blocks, 2]: d, m
+    codes, padded = _kernel_rows(codes, scales_minimums)
+    by_super = padded.reshape(out_features, -1, 8, 2).transpose(2, 3)  # [out, supers, (d, m), 8 blocks]
+    return _pack_planes(codes, high_bits), by_super.reshape(out_features, -1, 16).contiguous()
 
 
 def encode_q8_0_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,14 +249,32 @@ def decode_q5_0(codes: torch.Tensor, scales: torch.Tensor, in_features: int | No
     return (values * scales.float()[..., None]).reshape(codes.shape[0], -1)[:, :in_features]
 
 
+def decode_q4_1(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that Q4_1 codes and scales stand for (`in_features` leaves out the padding)."""
+    return _decode_with_block_minimums(_unpack_planes(codes, 0), scales, in_features)
+
+
+def decode_q5_1(codes: torch.Tensor, scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that Q5_1 codes and scales stand for (`in_features` leaves out the padding)."""
+    return _decode_with_block_minimums(_unpack_planes(codes, 1), scales, in_features)
+
+
+def _decode_with_block_minimums(vectors: torch.Tensor, scales: torch.Tensor, in_features: int | None) -> torch.Tensor:
+    out_features = vectors.shape[0]
+    d, m = scales.reshape(out_features, -1, 2, 8).float().unbind(2)  # [out, supers, 8] each
+    values = _deinterleave(vectors).float()  # [out, blocks, 32]
+    expanded = d.reshape(out_features, -1, 1) * values + m.reshape(out_features, -1, 1)
+    return expanded.reshape(out_features, -1)[:, :in_features]
+
+
 def _kernel_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocks of codes [out, blocks, 32] in block order and their scales [out, blocks] as the kernel reads them: rows
-    padded to whole super-blocks with zero codes and zero scales (which add nothing to a sum; `_matmul.c` pads the
-    activations alike), the codes interleaved (`_interleave`)."""
+    """Blocks of codes [out, blocks, 32] in block order and their scales [out, blocks, ...] as the kernel reads them:
+    rows padded to whole super-blocks with zero codes and zero scales (which add nothing to a sum; `_matmul.c` pads
+    the activations alike), the codes interleaved (`_interleave`)."""
     missing = -codes.shape[1] % 8
     if missing:
         codes = torch.cat([codes, codes.new_zeros(codes.shape[0], missing, BLOCK)], dim=1)
-        scales = torch.cat([scales, scales.new_zeros(scales.shape[0], missing)], dim=1)
+        scales = torch.cat([scales, scales.new_zeros(scales.shape[0], missing, *scales.shape[2:])], dim=1)
     return _interleave(codes), scales
 
 
@@ -355,6 +397,22 @@ class Q5_0Linear(BlockLinear):
 
     FORMAT = 5
     encode = staticmethod(encode_q5_0_blocks)
+
+
+class Q4_1Linear(BlockLinear):
+    """Q4_1 blocks: 4-bit codes (0..15, two to a byte) and each block's scale and minimum, from the file's bytes."""
+
+    FORMAT = 6
+    encode = staticmethod(encode_q4_1_blocks)
+
+
+class Q5_1Linear(BlockLinear):
+    """Q5_1 blocks: 5-bit codes (the low four bits two to a byte, the fifth in a plane of their own) and each block's
+    scale and minimum, from the file's bytes. llama.cpp's K-quant files hold Q5_1 where a Q5_K row would not be a
+    multiple of 256 values."""
+
+    FORMAT = 7
+    encode = staticmethod(encode_q5_1_blocks)
 
 
 class Q4_KLinear(BlockLinear):
