@@ -64,8 +64,8 @@ TOLERANCE = {
     ("q5_0", "Q5_0"): 0.03,
     ("q4_1", "Q4_1"): 0.03,
     ("q5_1", "Q5_1"): 0.03,
-    ("q8_0", "Q3_K"): 0.02,  # these: Q8_0 blocks re-encoded from the expansion, a second rounding
-    ("q8_0", "IQ4_XS"): 0.02,
+    ("q3_k", "Q3_K"): 0.02,  # held in Q6_K's layout
+    ("q8_0", "IQ4_XS"): 0.02,  # Q8_0 blocks re-encoded from the expansion, a second rounding
     ("int4", "Q4_0"): 0.02,
     ("int4", "Q4_K"): 0.02,
     ("int8", "Q4_0"): 0.1,
@@ -161,7 +161,7 @@ def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form:
         assert (got - want).abs().max().item() <= TOLERANCE[form, qtype] * want.abs().max().item()
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q4_1, Q.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.Q3_K], ids=lambda t: t.name)
 def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, each layer (q, k and v fused, q and k rows in the model's order; gate and up
     fused) stands for exactly the weights the file expands to."""
@@ -179,6 +179,7 @@ def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Pat
         Q.Q5_0: decode_q5_0,
         Q.Q4_1: decode_q4_1,
         Q.Q5_1: decode_q5_1,
+        Q.Q3_K: decode_q6_k,
     }[qtype]
     for name, layer in layers.items():
         expanded = torch.cat([checkpoint.tensors[source] for source in sources[name]])
@@ -284,10 +285,10 @@ def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype:
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.IQ4_XS], ids=lambda t: t.name)
 def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
     """Tied to the output head (no output.weight in the file), a Q6_K table is the head's blocks and the embedding's
-    rows, both from the file's bytes: only the norms are decoded. A Q3_K one's head is Q8_0 blocks of the table's
+    rows, both from the file's bytes: only the norms are decoded. An IQ4_XS one's head is Q8_0 blocks of the table's
     expansion (its bytes, kept for the embedding, are not Q8_0's)."""
     matrices = {name: shape for name, shape in WIDE_MATRICES.items() if name != "output.weight"}
     path = write_wide_gguf(tmp_path, qtype, WIDE | {"tie_word_embeddings": True}, matrices)
@@ -334,7 +335,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)
     automatic = load_model(path, max_concurrent=1, context_window=64)
-    expected = "q8_0" if qtype == Q.Q3_K else qtype.name.lower()  # the file's blocks, or Q8_0 blocks of them
+    expected = qtype.name.lower()  # the file's blocks
     assert linear_formats(automatic.runner.model) == {expected: 5}
     assert linear_formats(load_model(path, dtype="float32", max_concurrent=1, context_window=64).runner.model) == {
         "float32": 5

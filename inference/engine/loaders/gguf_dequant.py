@@ -22,7 +22,7 @@ Block layouts (ggml): every quantized row is a run of fixed-size blocks along `n
 - Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales (one per 16
   values), f16 d. Each 128-value half uses 64 nibble bytes and 32 high bytes.    x = d * sc[j] * (q - 32)
 
-The other types llama.cpp writes, Q2_K, Q3_K and the i-quants, are decoded by gguf-py's reference decoder
+The other types llama.cpp writes, Q2_K and the i-quants, are decoded by gguf-py's reference decoder
 (`gguf.quants.dequantize`, numpy): rarer, so not worth a decoder of our own; the library's is slower
 (docs/quantized-weights.md) but exact.
 """
@@ -150,6 +150,34 @@ def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return ((d * scales.float())[:, :, None] * q.float()).reshape(-1, 256)
 
 
+_Q3_SCALE_SHIFTS = torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 2, 1)
+_Q3_HIGH_SCALE_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 4, 1)
+_Q3_CODE_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+_Q3_MASK_SHIFTS = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
+
+
+def q3_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q3_K super-blocks [N, 110] taken apart as q6_k_parts takes Q6_K's: the values' codes, -4..3, int8 [N, 16, 16],
+    the scales (6 bits, minus 32) int8 [N, 16] and d float32 [N, 1]; x = d * scale * code."""
+    # Bytes 0-31: the codes' third bits (value 32k + l: bit k of byte l; set means no -4), 32-95: their low two bits
+    # (value 128h + 32k + l: bits 2k..2k+1 of byte 32h + l), 96-107: the scales (low four bits in the nibbles of
+    # bytes 96-103, the top two in bytes 104-107), 108-109: d.
+    low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> _Q3_CODE_SHIFTS) & 0x03  # [N, 2 halves, 4, 32]
+    third = (blocks[:, None, 0:32] >> _Q3_MASK_SHIFTS) & 0x01  # [N, 8, 32]
+    codes = low.reshape(-1, 8, 32).to(torch.int8) - ((third ^ 1) << 2).to(torch.int8)
+    packed = blocks[:, 96:108]
+    scale_low = ((packed[:, None, 0:8] >> _Q3_SCALE_SHIFTS) & 0x0F).reshape(-1, 16)
+    scale_high = ((packed[:, None, 8:12] >> _Q3_HIGH_SCALE_SHIFTS) & 0x03).reshape(-1, 16)
+    scales = (scale_low | (scale_high << 4)).to(torch.int8) - 32
+    return codes.reshape(-1, 16, 16), scales, _f16(blocks[:, 108:110])
+
+
+def _dequant_q3_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 110] uint8 -> [N, 256]
+    q, scales, d = q3_k_parts(blocks)
+    return ((d * scales.float())[:, :, None] * q.float()).reshape(-1, 256)
+
+
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     Q.Q8_0: _dequant_q8_0,
     Q.Q4_0: _dequant_q4_0,
@@ -159,10 +187,10 @@ _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tenso
     Q.Q4_K: _dequant_q4_k,
     Q.Q5_K: _dequant_q5_k,
     Q.Q6_K: _dequant_q6_k,
+    Q.Q3_K: _dequant_q3_k,
 }
 _LIBRARY_TYPES = (
     Q.Q2_K,
-    Q.Q3_K,
     Q.IQ1_S,
     Q.IQ2_XXS,
     Q.IQ2_XS,

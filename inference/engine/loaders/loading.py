@@ -172,9 +172,10 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
 
 
 def linear_formats(model: torch.nn.Module) -> dict[str, int]:
-    """How many linear layers keep their weights in each in-memory format: "q4_0", "q8_0", "q4_k", "q5_k", "q6_k",
-    "q5_0", "q4_1", "q5_1" (model/block_quant.py; a layer fused from several, its parts' joined: "q4_k+q6_k"), "int4"
-    (model/int4.py), "int8" (model/quantize.py), else the weights' dtype ("float32", "bfloat16", "float16")."""
+    """How many linear layers keep their weights in each in-memory format: a block form ("q4_0", "q8_0", "q4_k",
+    "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "q3_k"; model/block_quant.py; a layer fused from several, its parts'
+    joined: "q4_k+q6_k"), "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype ("float32",
+    "bfloat16", "float16")."""
     parts = {id(part) for m in model.modules() if isinstance(m, BlockParts) for part in m.parts}
     counts: dict[str, int] = {}
     for module in model.modules():

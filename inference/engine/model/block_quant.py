@@ -27,7 +27,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import k_low_nibbles, k_scales_mins, legacy_codes, q5_k_codes, q6_k_parts
+from inference.engine.loaders.gguf_dequant import (
+    k_low_nibbles,
+    k_scales_mins,
+    legacy_codes,
+    q3_k_parts,
+    q5_k_codes,
+    q6_k_parts,
+)
 from inference.engine.model.matmul_kernel import KERNEL
 
 BLOCK = 32
@@ -70,7 +77,7 @@ def encode_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.reshape(out_features, -1), scale.to(torch.float16)
 
 
-Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 144, 176, 210  # a super-block of each in the file
+Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = 110, 144, 176, 210  # a super-block of each in the file
 
 
 def encode_q4_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,8 +129,20 @@ def encode_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes 0..63, their low four bits packed as Q4_0's, then two planes of top bits) and scales uint8
     [out, in / 256, 20], each super-block's `Q6Scales` (`_matmul.c`): d as float32, then each block's scale of its
     first 16 values, then of its second 16."""
-    out_features = blocks.shape[0]
-    q, scales, d = q6_k_parts(blocks.reshape(-1, Q6_K_BYTES))
+    return _q6_k_layout(*q6_k_parts(blocks.reshape(-1, Q6_K_BYTES)), blocks.shape[0])
+
+
+def encode_q3_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q3_K tensor's bytes [out, in / 256 * 110] in Q6_K's layout: its codes (-4..3) and 6-bit scales are Q6_K
+    codes and scales too, so the kernel multiplies exactly the file's weights (in 212 bytes per 256 values against the
+    file's 110: Q6_K's speed, not Q3_K's)."""
+    return _q6_k_layout(*q3_k_parts(blocks.reshape(-1, Q3_K_BYTES)), blocks.shape[0])
+
+
+def _q6_k_layout(
+    q: torch.Tensor, scales: torch.Tensor, d: torch.Tensor, out_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q6_k_parts' codes, scales and d of a tensor's super-blocks in the kernel's layout (`encode_q6_k`)."""
     codes = _pack_planes(_interleave((q + 32).to(torch.uint8).reshape(out_features, -1, BLOCK)), 2)
     halves = scales.reshape(-1, 8, 2).transpose(1, 2).reshape(-1, 16)  # firsts, then seconds
     q6_scales = torch.cat([d.view(torch.uint8), halves.view(torch.uint8)], dim=1)
@@ -413,6 +432,13 @@ class Q5_1Linear(BlockLinear):
 
     FORMAT = 7
     encode = staticmethod(encode_q5_1_blocks)
+
+
+class Q3_KLinear(BlockLinear):
+    """Q3_K super-blocks held as Q6_K's (`encode_q3_k`), from the file's bytes: the file's weights exactly."""
+
+    FORMAT = 3
+    encode = staticmethod(encode_q3_k)
 
 
 class Q4_KLinear(BlockLinear):

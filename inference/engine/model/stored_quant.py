@@ -12,8 +12,9 @@ The choice (docs/quantized-weights.md has the figures):
   several types (a Q4_K_M file's q and k are Q4_K, its v Q6_K in half the layers) is made of one block layer per run
   of rows of one type (block_quant.BlockParts). Q5_0 and Q5_1 (which llama.cpp's K-quant files hold where a row is
   not a multiple of 256 values) and Q4_1 keep their blocks too, in rows padded to whole super-blocks as Q4_0's and
-  Q8_0's can be. Every other type (Q2_K, Q3_K, the i-quants), and a K-quant whose bytes the checkpoint did not keep,
-  becomes Q8_0 blocks of its expansion: the kernel has no form of its own for them.
+  Q8_0's can be. Q3_K becomes Q6_K's layout, exactly its weights (its codes and scales are Q6_K's too). Every other
+  type (Q2_K, the i-quants), and a K-quant whose bytes the checkpoint did not keep, becomes Q8_0 blocks of its
+  expansion: the kernel has no form of its own for them.
 - Without the block kernel, where the CPU has AMX tiles, a layer made only of 4-bit tensors keeps 4-bit codes for
   torch's int4 kernel, which runs on them there and reads half the bytes of int8.
 - Every other quantized layer becomes int8 per output channel with activations quantized per call (fbgemm): on AVX2
@@ -34,6 +35,7 @@ from inference.engine.model import block_quant
 from inference.engine.model.block_quant import (
     BlockLinear,
     BlockParts,
+    Q3_KLinear,
     Q4_0Linear,
     Q4_1Linear,
     Q4_KLinear,
@@ -51,7 +53,7 @@ from inference.engine.model.stored_embedding import StoredEmbedding
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
 # The types that have a block layer of their own, made from the file's bytes, which a GGUF checkpoint therefore keeps
 # (loaders/gguf.py).
-FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1"})
+FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q4_1", "Q5_1", "Q3_K"})
 BLOCK_FORMS = frozenset(t.lower() for t in FILE_BYTES_TYPES)
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
@@ -95,8 +97,9 @@ class KeepQuantized:
         return all(n in self.file_bytes and self.stored_types[n].lower() == form for n in sources)
 
     def form(self, linear: nn.Linear, sources: list[str]) -> str | None:
-        """ "q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "parts" (each source in its block form,
-        `block_form`), "int4", "int8", or None (stays float) for a linear layer fused from the tensors `sources`."""
+        """A block form ("q4_0", "q8_0", "q4_k", "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "q3_k"), "parts" (each
+        source in its block form, `block_form`), "int4", "int8", or None (stays float) for a linear layer fused from
+        the tensors `sources`."""
         types = [self.stored_types.get(name) for name in sources]
         if not all(t in QUANTIZED_TYPES for t in types) or linear.weight.numel() < self.min_elements:
             return None
@@ -125,6 +128,7 @@ LAYERS = {
     "q5_0": Q5_0Linear,
     "q4_1": Q4_1Linear,
     "q5_1": Q5_1Linear,
+    "q3_k": Q3_KLinear,
     "int4": Int4Linear,
     "int8": DynamicInt8Linear,
 }
