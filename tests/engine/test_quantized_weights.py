@@ -287,9 +287,10 @@ def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype:
 
 @pytest.mark.parametrize("qtype", [Q.Q6_K, Q.IQ4_XS], ids=lambda t: t.name)
 def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
-    """Tied to the output head (no output.weight in the file), a Q6_K table is the head's blocks and the embedding's
-    rows, both from the file's bytes: only the norms are decoded. An IQ4_XS one's head is Q8_0 blocks of the table's
-    expansion (its bytes, kept for the embedding, are not Q8_0's)."""
+    """Tied to the output head (no output.weight in the file), a Q6_K table is the head's blocks, made from the
+    file's bytes, and the embedding reads its rows from them (held once): only the norms are decoded. An IQ4_XS one's
+    head is Q8_0 blocks of the table's expansion (its bytes, kept for the embedding, are not Q8_0's), and the
+    embedding keeps the file's rows. Either way the logits are the float table's bit for bit."""
     matrices = {name: shape for name, shape in WIDE_MATRICES.items() if name != "output.weight"}
     path = write_wide_gguf(tmp_path, qtype, WIDE | {"tie_word_embeddings": True}, matrices)
     checkpoint = read_gguf(path)
@@ -300,8 +301,25 @@ def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
     assert linear_formats(model) == {"q6_k" if qtype == Q.Q6_K else "q8_0": 5}
     expanded = {name for name in checkpoint.tensors.decoded if not name.endswith("norm.weight")}
     assert expanded == (set() if qtype == Q.Q6_K else {name for name in checkpoint.tensor_types if "norm" not in name})
+    assert model.embed.weight_nbytes == (0 if qtype == Q.Q6_K else checkpoint.file_bytes[EMBEDDING].numel())
+    float_table = _model(path, _keep(path, "q8_0", min_embedding_elements=1 << 40))
+    for got, want in zip(_logits(model), _logits(float_table), strict=True):
+        assert torch.equal(got, want)
     for got, want in zip(_logits(model), _logits(_model(path)), strict=True):
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
+
+
+def test_a_tied_embedding_reads_padded_rows_of_the_head(tmp_path: Path):
+    """A table 640 wide tied to a Q5_0 head, whose rows the kernel pads to 768 values: each looked-up row is the
+    file's 640 values, and the logits are the float table's bit for bit."""
+    matrices = {name: shape for name, shape in NARROW_ROWS_MATRICES.items() if name != "output.weight"}
+    config = NARROW_ROWS | {"tie_word_embeddings": True}
+    path = write_wide_gguf(tmp_path, Q.Q5_0, config, matrices, {name: (640,) for name in WIDE_NORMS})
+    model = _model(path, _keep(path, "q5_0", min_embedding_elements=0))
+    assert isinstance(model.embed, StoredEmbedding) and model.embed.weight_nbytes == 0
+    float_table = _model(path, _keep(path, "q5_0", min_embedding_elements=1 << 40))
+    for got, want in zip(_logits(model), _logits(float_table), strict=True):
+        assert torch.equal(got, want)
 
 
 def test_float_tensors_compute_as_before(tmp_path: Path):

@@ -105,14 +105,15 @@ def _k_scales(supers: torch.Tensor, out_features: int) -> torch.Tensor:
     return torch.cat([sizes, scales.to(torch.uint8), mins.to(torch.uint8)], dim=1).reshape(out_features, -1, 24)
 
 
-def decode_q4_k(codes: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
-    """The float32 weight [out, in] that Q4_K codes and scales stand for, computed as the file's expansion is."""
-    return _decode_with_mins(_unpack_planes(codes, 0), kscales)
+def decode_q4_k(codes: torch.Tensor, kscales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
+    """The float32 weight [out, in] that Q4_K codes and scales stand for, computed as the file's expansion is
+    (`in_features`: as the padded formats' decoders take it; K-quant rows are never padded)."""
+    return _decode_with_mins(_unpack_planes(codes, 0), kscales)[:, :in_features]
 
 
-def decode_q5_k(codes: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
+def decode_q5_k(codes: torch.Tensor, kscales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
     """The float32 weight [out, in] that Q5_K codes and scales stand for, computed as the file's expansion is."""
-    return _decode_with_mins(_unpack_planes(codes, 1), kscales)
+    return _decode_with_mins(_unpack_planes(codes, 1), kscales)[:, :in_features]
 
 
 def _decode_with_mins(vectors: torch.Tensor, kscales: torch.Tensor) -> torch.Tensor:
@@ -149,14 +150,14 @@ def _q6_k_layout(
     return codes, q6_scales.reshape(out_features, -1, 20)
 
 
-def decode_q6_k(codes: torch.Tensor, q6_scales: torch.Tensor) -> torch.Tensor:
+def decode_q6_k(codes: torch.Tensor, q6_scales: torch.Tensor, in_features: int | None = None) -> torch.Tensor:
     """The float32 weight [out, in] that Q6_K codes and scales stand for, computed as the file's expansion is."""
     out_features = codes.shape[0]
     d = q6_scales[..., :4].contiguous().view(torch.float32)  # [out, supers, 1]
     halves = q6_scales[..., 4:].contiguous().view(torch.int8).float().reshape(out_features, -1, 2, 8)
     per_16 = (d[..., None] * halves).transpose(2, 3).reshape(out_features, -1, 16)  # the file's order of scales
     values = _deinterleave(_unpack_planes(codes, 2)).float() - 32
-    return (per_16[..., None] * values.reshape(out_features, -1, 16, 16)).reshape(out_features, -1)
+    return (per_16[..., None] * values.reshape(out_features, -1, 16, 16)).reshape(out_features, -1)[:, :in_features]
 
 
 _PLANE_SHIFTS = {1: torch.arange(8, dtype=torch.int32), 2: torch.tensor([0, 2, 4, 6, 0, 2, 4, 6], dtype=torch.int32)}
@@ -342,10 +343,11 @@ class _BlockProduct(nn.Module):
 class BlockLinear(_BlockProduct):
     """A linear layer whose weight is a GGUF file's blocks, codes and scales as `encode` lays them out from the file's
     bytes (`stored`, [out, bytes per row]), or for Q4_0 and Q8_0 as `encode_weight` finds them again in the float
-    weight."""
+    weight; `decode` gives the float weight back (codes, scales, in_features)."""
 
     FORMAT: int  # the kernel's code for the weight format
     encode: staticmethod
+    decode: staticmethod
     encode_weight: staticmethod | None = None
 
     def __init__(self, linear: nn.Linear, stored: torch.Tensor | None = None):
@@ -359,6 +361,12 @@ class BlockLinear(_BlockProduct):
         self.bias = linear.bias
         held = (codes, scales) + (() if self.bias is None else (self.bias,))
         self.weight_nbytes = sum(t.numel() * t.element_size() for t in held)
+
+    def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float32 rows [len(ids), in] of the weight that the output features `ids` take: a tied output head's
+        rows are the token embedding's (model/stored_embedding.py)."""
+        rows = self.decode(self.codes.index_select(0, ids), self.scales.index_select(0, ids), self.in_features)
+        return rows.contiguous()  # without a padded row's tail
 
     def write(self, rows: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
         KERNEL.matmul(
@@ -398,6 +406,7 @@ class Q4_0Linear(BlockLinear):
 
     FORMAT = 0
     encode = staticmethod(encode_q4_0_blocks)
+    decode = staticmethod(decode_q4_0)
     encode_weight = staticmethod(encode_q4_0)
 
 
@@ -406,6 +415,7 @@ class Q8_0Linear(BlockLinear):
 
     FORMAT = 1
     encode = staticmethod(encode_q8_0_blocks)
+    decode = staticmethod(decode_q8_0)
     encode_weight = staticmethod(encode_q8_0)
 
 
@@ -416,6 +426,7 @@ class Q5_0Linear(BlockLinear):
 
     FORMAT = 5
     encode = staticmethod(encode_q5_0_blocks)
+    decode = staticmethod(decode_q5_0)
 
 
 class Q4_1Linear(BlockLinear):
@@ -423,6 +434,7 @@ class Q4_1Linear(BlockLinear):
 
     FORMAT = 6
     encode = staticmethod(encode_q4_1_blocks)
+    decode = staticmethod(decode_q4_1)
 
 
 class Q5_1Linear(BlockLinear):
@@ -432,6 +444,7 @@ class Q5_1Linear(BlockLinear):
 
     FORMAT = 7
     encode = staticmethod(encode_q5_1_blocks)
+    decode = staticmethod(decode_q5_1)
 
 
 class Q3_KLinear(BlockLinear):
@@ -439,6 +452,7 @@ class Q3_KLinear(BlockLinear):
 
     FORMAT = 3
     encode = staticmethod(encode_q3_k)
+    decode = staticmethod(decode_q6_k)
 
 
 class Q4_KLinear(BlockLinear):
@@ -447,6 +461,7 @@ class Q4_KLinear(BlockLinear):
 
     FORMAT = 2
     encode = staticmethod(encode_q4_k)
+    decode = staticmethod(decode_q4_k)
 
 
 class Q5_KLinear(BlockLinear):
@@ -455,6 +470,7 @@ class Q5_KLinear(BlockLinear):
 
     FORMAT = 4
     encode = staticmethod(encode_q5_k)
+    decode = staticmethod(decode_q5_k)
 
 
 class Q6_KLinear(BlockLinear):
@@ -463,3 +479,4 @@ class Q6_KLinear(BlockLinear):
 
     FORMAT = 3
     encode = staticmethod(encode_q6_k)
+    decode = staticmethod(decode_q6_k)

@@ -84,12 +84,19 @@ class KeepQuantized:
     min_elements: int = MIN_QUANTIZED_ELEMENTS
     min_embedding_elements: int = MIN_STORED_EMBEDDING_ELEMENTS
 
-    def stored_embedding(self, embedding_dim: int) -> StoredEmbedding | None:
-        """The token embedding as the file's rows, where the table is quantized and large enough to be worth it."""
+    def keeps_embedding(self, embedding_dim: int) -> bool:
+        """Whether the token embedding stays quantized (model/stored_embedding.py): the table is quantized, its bytes
+        kept, and large enough to be worth it."""
         rows = self.file_bytes.get(EMBEDDING)
-        if rows is None or rows.shape[0] * embedding_dim < self.min_embedding_elements:
-            return None
-        return StoredEmbedding(rows, self.stored_types[EMBEDDING], embedding_dim)
+        return rows is not None and rows.shape[0] * embedding_dim >= self.min_embedding_elements
+
+    def stored_embedding(self, model: nn.Module, made: set[str]) -> StoredEmbedding:
+        """The kept embedding of `model` once its layers are in place (`made`: those made from the file's bytes): the
+        tied output head's rows where the head holds the table's own blocks, else the file's rows."""
+        if model.config.tie_word_embeddings and "lm_head" in made and isinstance(model.lm_head, BlockLinear):
+            return StoredEmbedding.of_head(model.lm_head)
+        dim = model.config.hidden_size
+        return StoredEmbedding.from_file(self.file_bytes[EMBEDDING], self.stored_types[EMBEDDING], dim)
 
     def from_bytes(self, form: str, sources: list[str]) -> bool:
         """Whether a block layer of `form` is made from its sources' bytes: they were kept, and are that form's type

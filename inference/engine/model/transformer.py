@@ -367,9 +367,10 @@ class Transformer(nn.Module):
         on_cpu = torch.device(device).type == "cpu"
         sources = linear_sources(config)
         keeps = keep is not None and on_cpu and not attachable and not quantize and dtype == torch.float32
-        from_file = {f"{name}.weight" for name in made_from_file(model, sources, keep)} if keeps else set()
-        stored_embedding = keep.stored_embedding(config.hidden_size) if keeps else None
-        if stored_embedding is not None:
+        made = made_from_file(model, sources, keep) if keeps else set()
+        from_file = {f"{name}.weight" for name in made}
+        keeps_embedding = keeps and keep.keeps_embedding(config.hidden_size)
+        if keeps_embedding:
             from_file.add("embed.weight")
         fused = fuse_hf_weights(config, tensors, skip=from_file)
         if attachable and on_cpu:
@@ -394,8 +395,8 @@ class Transformer(nn.Module):
         if keeps:
             rows = {name: shape[0] for name, shape in expected_hf_shapes(config).items()}
             keep_quantized(model, sources, keep, rows)
-        if stored_embedding is not None:
-            model.embed = stored_embedding
+        if keeps_embedding:
+            model.embed = keep.stored_embedding(model, made)
         if on_cpu and not attachable:
             cpu_linears(model, float32=dtype == torch.float32)
         return model
