@@ -22,8 +22,8 @@ from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from tests.engine.gguf_builders import hf_permute, write_gguf
 
 # The types decoded by this project's own torch code, then those gguf-py's decoder does for it.
-OWN_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-LIBRARY_TYPES = [Q.Q2_K, Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS]
+OWN_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+LIBRARY_TYPES = [Q.IQ1_S, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ4_NL, Q.IQ4_XS]
 TYPES = OWN_TYPES + LIBRARY_TYPES
 
 # Where each K-quant or i-quant block keeps its f16 scales (d, and dmin for Q2_K/Q4_K/Q5_K).

@@ -22,7 +22,7 @@ Block layouts (ggml): every quantized row is a run of fixed-size blocks along `n
 - Q6_K (256 values, 210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales (one per 16
   values), f16 d. Each 128-value half uses 64 nibble bytes and 32 high bytes.    x = d * sc[j] * (q - 32)
 
-The other types llama.cpp writes, Q2_K and the i-quants, are decoded by gguf-py's reference decoder
+The other types llama.cpp writes, the i-quants, are decoded by gguf-py's reference decoder
 (`gguf.quants.dequantize`, numpy): rarer, so not worth a decoder of our own; the library's is slower
 (docs/quantized-weights.md) but exact.
 """
@@ -152,7 +152,7 @@ def _dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
 
 _Q3_SCALE_SHIFTS = torch.tensor([0, 4], dtype=torch.uint8).reshape(1, 2, 1)
 _Q3_HIGH_SCALE_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 4, 1)
-_Q3_CODE_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+_TWO_BIT_SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
 _Q3_MASK_SHIFTS = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
 
 
@@ -162,7 +162,7 @@ def q3_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     # Bytes 0-31: the codes' third bits (value 32k + l: bit k of byte l; set means no -4), 32-95: their low two bits
     # (value 128h + 32k + l: bits 2k..2k+1 of byte 32h + l), 96-107: the scales (low four bits in the nibbles of
     # bytes 96-103, the top two in bytes 104-107), 108-109: d.
-    low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> _Q3_CODE_SHIFTS) & 0x03  # [N, 2 halves, 4, 32]
+    low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> _TWO_BIT_SHIFTS) & 0x03  # [N, 2 halves, 4, 32]
     third = (blocks[:, None, 0:32] >> _Q3_MASK_SHIFTS) & 0x01  # [N, 8, 32]
     codes = low.reshape(-1, 8, 32).to(torch.int8) - ((third ^ 1) << 2).to(torch.int8)
     packed = blocks[:, 96:108]
@@ -178,6 +178,15 @@ def _dequant_q3_k(blocks: torch.Tensor) -> torch.Tensor:
     return ((d * scales.float())[:, :, None] * q.float()).reshape(-1, 256)
 
 
+def _dequant_q2_k(blocks: torch.Tensor) -> torch.Tensor:
+    # blocks: [N, 84] uint8 -> [N, 256]. Bytes 0-15: per 16 values a 4-bit scale (low nibble) and minimum (high),
+    # 16-79: the 2-bit codes laid out as Q3_K's low bits, 80-81: d, 82-83: dmin.    x = d * sc * q - dmin * m
+    scales, d, dmin = blocks[:, 0:16], _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
+    q = ((blocks[:, 16:80].reshape(-1, 2, 1, 32) >> _TWO_BIT_SHIFTS) & 0x03).reshape(-1, 16, 16).float()
+    scaled = (d * (scales & 0x0F).float())[:, :, None] * q
+    return (scaled - (dmin * (scales >> 4).float())[:, :, None]).reshape(-1, 256)
+
+
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     Q.Q8_0: _dequant_q8_0,
     Q.Q4_0: _dequant_q4_0,
@@ -188,9 +197,9 @@ _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tenso
     Q.Q5_K: _dequant_q5_k,
     Q.Q6_K: _dequant_q6_k,
     Q.Q3_K: _dequant_q3_k,
+    Q.Q2_K: _dequant_q2_k,
 }
 _LIBRARY_TYPES = (
-    Q.Q2_K,
     Q.IQ1_S,
     Q.IQ2_XXS,
     Q.IQ2_XS,
