@@ -31,14 +31,15 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from random_model import SHAPES, _random_tensors  # noqa: E402
+from random_model import SHAPES as BENCH_SHAPES  # noqa: E402
+from random_model import _random_tensors  # noqa: E402
 
 from inference.engine.loaders.loading import load_model  # noqa: E402
 from inference.engine.model.runner import ModelRunner  # noqa: E402
 
 VOCAB_SIZE = 512  # stories260K's, as random_model.py gives its model
 SHAPES = {
-    "85m": SHAPES["random85m"],
+    "85m": BENCH_SHAPES["random85m"],
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256},
 }
 CONTEXT_WINDOW = 128  # every prompt and continuation here fits; a captured step attends over all of it
