@@ -24,6 +24,21 @@ STORIES_MAX_ABS, STORIES_REL, RANDOM_REL = (2.0, 0.05, 0.2) if REDUCE_RANGE else
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317]
 
 
+def random_config(**fields) -> ModelConfig:
+    """A 2-layer model with 4 heads over 2 KV heads, a 300-token vocabulary and a 64-position window; `fields` give
+    the rest."""
+    shared = {"vocab_size": 300, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 64}
+    return ModelConfig(**shared, tie_word_embeddings=False, **fields)
+
+
+def random_weights(config: ModelConfig, scale: float) -> dict[str, torch.Tensor]:
+    """Random Hugging Face weights for `config`: norms around 1, the rest `scale` times a standard normal."""
+    return {
+        name: torch.randn(shape) * (1.0 if "norm" in name else scale)
+        for name, shape in expected_hf_shapes(config).items()
+    }
+
+
 def greedy(runner: ModelRunner, prompt: list[int], count: int) -> tuple[torch.Tensor, list[int]]:
     slot = runner.allocate_slot()
     logits = runner.prefill(slot, prompt, all_logits=True)
@@ -61,26 +76,17 @@ def test_int8_model_is_smaller_and_has_no_float_linears(float_and_int8):
 
 def test_int8_with_qkv_bias_and_qk_norm(tmp_path):
     torch.manual_seed(0)
-    config = ModelConfig(
+    config = random_config(
         architecture="qwen2",
-        vocab_size=300,
         hidden_size=128,
         intermediate_size=256,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
         head_dim=32,
         rms_norm_eps=1e-6,
         rope_theta=1e6,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
         attention_bias=True,
         qk_norm=True,
     )
-    tensors = {
-        name: torch.randn(shape) * (1.0 if "norm" in name else 0.1)
-        for name, shape in expected_hf_shapes(config).items()
-    }
+    tensors = random_weights(config, 0.1)
     logits = []
     for quantize in (False, True):
         model = Transformer.from_hf_weights(config, tensors, context_window=64)
@@ -95,24 +101,10 @@ def test_layers_the_block_kernel_takes_become_q8_0_blocks(monkeypatch):
     """A llama 256 wide: every linear layer (input features a multiple of 256) becomes Q8_0 blocks, the decode plan
     serves it, and it is closer to the float model than int8 per channel (measured 2.9% against 5.3%)."""
     torch.manual_seed(0)
-    config = ModelConfig(
-        architecture="llama",
-        vocab_size=300,
-        hidden_size=256,
-        intermediate_size=512,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=1e4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
+    config = random_config(
+        architecture="llama", hidden_size=256, intermediate_size=512, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e4
     )
-    tensors = {
-        name: torch.randn(shape) * (1.0 if "norm" in name else 0.05)
-        for name, shape in expected_hf_shapes(config).items()
-    }
+    tensors = random_weights(config, 0.05)
 
     def served(quantize: bool) -> tuple[Transformer, ModelRunner, torch.Tensor]:
         model = Transformer.from_hf_weights(config, tensors, context_window=64, quantize=quantize)

@@ -359,29 +359,22 @@ static inline void prefetch_ahead(const Matmul *mm, int64_t n0, const int RN) {
                 }                                                                                                  \
             }                                                                                                      \
             for (int i = 0; i < RN; i++) {                                                                         \
-                if (MINS == 2) { /* xd * (d_j * sum(q x) + m_j / 8 * 8 sum(x)) */                                  \
-                    const uint16_t *dm = mm->wd + ((n0 + i) * supers + s) * 16;                                    \
-                    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));                        \
-                    const __m256 min = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 8))), \
-                                                     _mm256_set1_ps(0.125f));                                      \
-                    for (int r = 0; r < RM; r++) {                                                                 \
-                        const __m256 x_sum8 = _mm256_cvtepi32_ps(                                                  \
-                            _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));         \
-                        const __m256 block = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sums[i][r]),                    \
-                                                             _mm256_mul_ps(min, x_sum8));                          \
-                        acc[i][r] = _mm256_fmadd_ps(block, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8),    \
-                                                    acc[i][r]);                                                    \
+                if (MINS) { /* xd * (scale_j * sum(q x) + min_j / 8 * 8 sum(x)) */                                 \
+                    __m256 scale, min;                                                                             \
+                    if (MINS == 2) { /* Q4_1, Q5_1: d_j and m_j */                                                 \
+                        const uint16_t *dm = mm->wd + ((n0 + i) * supers + s) * 16;                                \
+                        scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));                             \
+                        min = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dm + 8))),           \
+                                            _mm256_set1_ps(0.125f));                                               \
+                    } else { /* Q4_K, Q5_K: d * scale_j and -dmin * min_j (the minimum is taken off) */            \
+                        const KScales *ks = mm->ks + (n0 + i) * supers + s;                                        \
+                        scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), u8_to_ps(ks->scales));                        \
+                        min = _mm256_mul_ps(_mm256_set1_ps(-ks->dmin * 0.125f), u8_to_ps(ks->mins));               \
                     }                                                                                              \
-                    continue;                                                                                      \
-                }                                                                                                  \
-                if (MINS) { /* xd * (d * scale_j * sum(q x) - dmin / 8 * min_j * 8 sum(x)) */                        \
-                    const KScales *ks = mm->ks + (n0 + i) * supers + s;                                            \
-                    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(ks->d), u8_to_ps(ks->scales));              \
-                    const __m256 min = _mm256_mul_ps(_mm256_set1_ps(ks->dmin * 0.125f), u8_to_ps(ks->mins));      \
                     for (int r = 0; r < RM; r++) {                                                                 \
                         const __m256 x_sum8 = _mm256_cvtepi32_ps(                                                  \
                             _mm256_loadu_si256((const __m256i *)(mm->xsum8 + (m0 + r) * blocks + s * 8)));         \
-                        const __m256 block = _mm256_fmsub_ps(scale, _mm256_cvtepi32_ps(sums[i][r]),                \
+                        const __m256 block = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums[i][r]),                \
                                                              _mm256_mul_ps(min, x_sum8));                          \
                         acc[i][r] = _mm256_fmadd_ps(block, _mm256_loadu_ps(mm->xd + (m0 + r) * blocks + s * 8),    \
                                                     acc[i][r]);                                                    \
