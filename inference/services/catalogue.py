@@ -13,7 +13,7 @@ from inference.models import CatalogModel, InstanceState
 from pantheon_site.errors import LoadFailed
 
 # How the control plane answers a path that is not a checkpoint (NotACheckpoint.reason -> HTTP status).
-NOT_A_CHECKPOINT_STATUS = {"not_found": 404, "not_a_checkpoint": 400}
+NOT_A_CHECKPOINT_STATUS = {"not_found": 404, "not_a_checkpoint": 400, "unreadable": 400}
 
 
 def checkpoint_at(path: str) -> Checkpoint:

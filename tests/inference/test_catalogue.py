@@ -27,7 +27,12 @@ ROW_FIELDS = ("path", "format", "architecture", "size_bytes", "load_options", "d
 
 @pytest.mark.parametrize(
     ("name", "status", "reason"),
-    [("absent.gguf", 404, "not_found"), ("notes.txt", 400, "not_a_checkpoint"), (".", 400, "not_a_checkpoint")],
+    [
+        ("absent.gguf", 404, "not_found"),
+        ("notes.txt", 400, "not_a_checkpoint"),
+        (".", 400, "not_a_checkpoint"),
+        ("x" * 300 + ".gguf", 400, "unreadable"),
+    ],
 )
 def test_a_path_that_is_not_a_checkpoint_is_refused(tmp_path, name, status, reason):
     (tmp_path / "notes.txt").write_text("Once upon a time")

@@ -94,6 +94,16 @@ def test_load_of_a_missing_file_is_404(api, stories, tmp_path):
     assert state(api) == before
 
 
+@pytest.mark.parametrize("segment", ["x" * 300 + ".gguf", "x" * 300 + "/config.json"])
+def test_load_of_a_path_the_system_cannot_look_at_is_400(api, stories, tmp_path, segment):
+    """A segment over the file system's name limit: the system refuses to stat it (not "no such file")."""
+    before = state(api)
+    response = api.post("/admin/models/load", json={"path": str(tmp_path / segment)})
+    error = assert_refused(response, 400, "load_failed", "model_load")
+    assert "cannot be read" in error["message"]
+    assert state(api) == before
+
+
 def test_load_of_a_loaded_name_is_409(api, stories, stories_gguf_path):
     before = state(api)
     response = api.post("/admin/models/load", json={"path": str(stories_gguf_path), "name": "stories"})

@@ -18,12 +18,13 @@ GGUF_MAGIC = b"GGUF"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 Format = Literal["hf", "gguf"]
-Why = Literal["not_found", "not_a_checkpoint"]  # why a path is not a checkpoint
+Why = Literal["not_found", "not_a_checkpoint", "unreadable"]  # why a path is not a checkpoint
 
 
 class NotACheckpoint(Exception):
-    """`path` cannot be loaded: nothing is there (`reason` "not_found") or it is neither a checkpoint directory nor
-    a GGUF file ("not_a_checkpoint"). `problem` says so in words; str() is "{path}: {problem}"."""
+    """`path` cannot be loaded: nothing is there (`reason` "not_found"), it is neither a checkpoint directory nor
+    a GGUF file ("not_a_checkpoint"), or the system refuses to look (a name too long, no permission: "unreadable").
+    `problem` says so in words; str() is "{path}: {problem}"."""
 
     def __init__(self, path: str | Path, reason: Why, problem: str):
         self.path = str(path)
@@ -48,7 +49,13 @@ class Checkpoint:
 
 def checkpoint_format(path: str | Path) -> Format:
     """ "hf" for a directory with a config.json, "gguf" for a .gguf file; NotACheckpoint for anything else."""
-    found = Path(path).expanduser()
+    try:
+        return _sniff(Path(path).expanduser(), path)
+    except OSError as exc:  # pathlib's tests raise what is not "no such file": a name too long, no permission
+        raise NotACheckpoint(path, "unreadable", f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _sniff(found: Path, path: str | Path) -> Format:
     if found.is_dir():
         if not (found / "config.json").is_file():
             raise NotACheckpoint(path, "not_a_checkpoint", "a directory without config.json is not a checkpoint")
@@ -64,10 +71,13 @@ def inspect_checkpoint(path: str | Path) -> Checkpoint:
     """The checkpoint at `path`: its format (checkpoint_format), resolved path, architecture and size on disk."""
     fmt = checkpoint_format(path)
     resolved = Path(path).expanduser().resolve()
-    if fmt == "hf":
-        size = sum(f.stat().st_size for f in resolved.iterdir() if f.suffix in WEIGHT_SUFFIXES)
-        return Checkpoint(str(resolved), fmt, _hf_architecture(resolved / "config.json"), size)
-    return Checkpoint(str(resolved), fmt, _gguf_architecture(resolved), resolved.stat().st_size)
+    try:
+        if fmt == "hf":
+            size = sum(f.stat().st_size for f in resolved.iterdir() if f.suffix in WEIGHT_SUFFIXES)
+            return Checkpoint(str(resolved), fmt, _hf_architecture(resolved / "config.json"), size)
+        return Checkpoint(str(resolved), fmt, _gguf_architecture(resolved), resolved.stat().st_size)
+    except OSError as exc:  # a directory whose listing is refused
+        raise NotACheckpoint(path, "unreadable", f"cannot be read: {exc.strerror or exc}") from None
 
 
 def _hf_architecture(config: Path) -> str:
