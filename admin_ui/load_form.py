@@ -39,7 +39,8 @@ def option_inputs(options: LoadOptions | None = None) -> list[dict[str, Any]]:
 
 def load_body(post) -> dict[str, Any]:
     """The posted form as LoadModelSerializer's validated data (InvalidRequest naming a bad field): an empty number
-    is the option's default, an unchecked box is false, an empty device is automatic."""
+    is the option's default, an unchecked box is false, an empty device is automatic. The form shows every option,
+    so the body names every option: what the operator sees replaces the catalogue entry's saved options."""
     body: dict[str, Any] = {"path": post.get("path", "").strip()}
     for key in ("name", "device"):
         if post.get(key, "").strip():
@@ -48,8 +49,8 @@ def load_body(post) -> dict[str, Any]:
         kind, _ = _kind(option)
         if isinstance(kind, msgspec.inspect.BoolType):
             body[option.name] = option.name in post
-        elif post.get(option.name, "") != "":
-            body[option.name] = post[option.name]
+        else:
+            body[option.name] = post.get(option.name, "") or option.default
     return dict(validated(LoadModelSerializer, body))
 
 

@@ -585,22 +585,23 @@ class NonNegativeIntegerField(serializers.IntegerField):
 
 
 def _load_option_field(option: msgspec.inspect.Field) -> serializers.Field:
-    """The body field of one LoadOptions field, with the struct's default: a count (negative reads as 0), a flag,
-    or one of the struct's names (dtype "" is automatic)."""
+    """The body field of one LoadOptions field, optional and without a default (an option the body leaves out keeps
+    the catalogue entry's saved value): a count (negative reads as 0), a flag, or one of the struct's names (dtype
+    "" is automatic)."""
     kind = option.type.type if isinstance(option.type, msgspec.inspect.Metadata) else option.type
     if isinstance(kind, msgspec.inspect.BoolType):
-        return serializers.BooleanField(default=option.default)
+        return serializers.BooleanField(required=False)
     if isinstance(kind, msgspec.inspect.IntType):
-        return NonNegativeIntegerField(default=option.default)
+        return NonNegativeIntegerField(required=False)
     if isinstance(kind, msgspec.inspect.LiteralType):
-        return serializers.ChoiceField(choices=kind.values, default=option.default)
+        return serializers.ChoiceField(choices=kind.values, required=False)
     raise TypeError(f"LoadOptions.{option.name}: no body field for {kind!r}")
 
 
 class LoadModelSerializer(serializers.Serializer):
     """POST /admin/models/load. `dies` are CUDA device ordinals (at most 8); `device` ("cpu", "cuda:N") is
     Pantheon's own spelling of the same choice. A load places a model on one device. The options (ctx_cap, ...,
-    dtype) are LoadOptions' fields, read from the struct, and always present in the validated data."""
+    dtype) are LoadOptions' fields, read from the struct; the validated data holds those the body named."""
 
     path = serializers.CharField()
     name = serializers.CharField(required=False, max_length=200)

@@ -7,6 +7,10 @@ where to place it, and `autoload`, so that `serve` loads it at start.
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from inference.engine.contract.checkpoint import Checkpoint, NotACheckpoint, inspect_checkpoint
 from inference.engine.contract.params import LoadOptions
 from inference.models import CatalogModel, InstanceState
@@ -23,6 +27,14 @@ def checkpoint_at(path: str) -> Checkpoint:
         return inspect_checkpoint(path)
     except NotACheckpoint as exc:
         raise LoadFailed(str(exc), status=NOT_A_CHECKPOINT_STATUS[exc.reason], reason=exc.reason) from None
+
+
+def catalogued_options(name: str, named: dict[str, Any]) -> LoadOptions:
+    """The options of a load of `name` that names the options `named`: those, and for every option it leaves out
+    the catalogue entry's saved value (the struct's default for a name not catalogued). So a load that says less
+    never erases what an earlier one chose; naming an option, its default included, replaces it."""
+    entry = CatalogModel.objects.filter(name=name).first()
+    return msgspec.structs.replace(entry.load_options if entry else LoadOptions(), **named)
 
 
 def do_catalogue_model(

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
@@ -31,7 +32,7 @@ from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
 from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import ModelRouter
-from inference.services.catalogue import checkpoint_at, do_catalogue_model
+from inference.services.catalogue import catalogued_options, checkpoint_at, do_catalogue_model
 from pantheon_site.errors import LoadFailed, UnloadFailed, WeightsTorn
 from pantheon_site.models import AccessToken, Role
 
@@ -40,23 +41,25 @@ logger = logging.getLogger("pantheon.models")
 
 @dataclass(slots=True)
 class LoadRequest:
-    """What to load: a checkpoint path, the served name (default: the file or directory name), where, and how."""
+    """What to load: a checkpoint path, the served name (default: the file or directory name), where, and how.
+    `options` are the LoadOptions fields the caller named; the others keep the catalogue entry's saved values
+    (`catalogued_options`)."""
 
     path: str
     name: str = ""
     device: str = ""  # "" : a GPU worker with the fewest models, else cpu
     dies: list[int] = field(default_factory=list)
-    options: LoadOptions = LoadOptions()
+    options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> LoadRequest:
-        """From LoadModelSerializer's validated data, which holds every LoadOptions field."""
-        options = LoadOptions(**{name: body[name] for name in LoadOptions.__struct_fields__})
+        """From LoadModelSerializer's validated data, which holds the LoadOptions fields the body named."""
+        options = {name: body[name] for name in LoadOptions.__struct_fields__ if name in body}
         return cls(body["path"], body.get("name", ""), body.get("device", ""), list(body.get("dies") or []), options)
 
     @classmethod
     def from_catalog(cls, model: CatalogModel) -> LoadRequest:
-        return cls(model.path, model.name, model.device, [], model.load_options)
+        return cls(model.path, model.name, model.device, [], msgspec.structs.asdict(model.load_options))
 
 
 async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: bool = True) -> dict[str, Any]:
@@ -70,17 +73,17 @@ async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: 
     if placement is not None:
         state = "loaded" if placement.state == "ready" else placement.state
         raise LoadFailed(f"model {name!r} is already {state}", status=409, reason="already_loaded")
-    return await router.run_load(name, lambda: _load(router, request, info, name, operator))
+    options = await sync_to_async(catalogued_options)(name, request.options)
+    return await router.run_load(name, lambda: _load(router, request, info, name, options, operator))
 
 
 async def _load(
-    router: ModelRouter, request: LoadRequest, info: Checkpoint, name: str, operator: bool
+    router: ModelRouter, request: LoadRequest, info: Checkpoint, name: str, options: LoadOptions, operator: bool
 ) -> dict[str, Any]:
     """The load itself, as the one load of `name` in progress: place, admit, load on the worker, record."""
     client = router.client
     device = _resolve_device(router, request)
     await _admit(router, device, info)
-    options = request.options
     trainer_tokens = AccessToken.objects.filter(role=Role.TRAINER, revoked_at__isnull=True)
     limits = serving_limits(options, attachable=await trainer_tokens.aexists())
     try:
@@ -94,7 +97,7 @@ async def _load(
             f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s", reason="load_timeout"
         ) from None
     try:
-        instance_id = await sync_to_async(_record_load)(name, info, request, loaded, limits, operator)
+        instance_id = await sync_to_async(_record_load)(name, info, request, options, loaded, limits, operator)
     except Exception as exc:
         logger.exception("recording the load of %s failed; unloading it again", name)
         await client.unload(name, drain_timeout=0)
@@ -212,9 +215,14 @@ def _as_load_failure(exc: EngineError) -> LoadFailed:
 
 
 def _record_load(
-    name: str, info: Checkpoint, request: LoadRequest, loaded: p.Loaded, limits: ServingLimits, operator: bool
+    name: str,
+    info: Checkpoint,
+    request: LoadRequest,
+    options: LoadOptions,
+    loaded: p.Loaded,
+    limits: ServingLimits,
+    operator: bool,
 ) -> int:
-    options = request.options
     with transaction.atomic():
         if operator:
             device = loaded.device if request.device or request.dies else ""

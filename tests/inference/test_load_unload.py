@@ -12,6 +12,7 @@ import psutil
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from inference.engine.contract.params import LoadOptions
 from inference.engine.demo_model import write_demo_model
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
 from pantheon_site.models import AuditEvent
@@ -57,6 +58,21 @@ def test_load_and_unload_through_the_api(api, stories_hf_dir):
         (e.operation, e.outcome, e.actor_label, e.model) for e in AuditEvent.objects.exclude(operation="model_list")
     ]
     assert events == [("model_load", "accepted", "ops", "s"), ("model_unload", "accepted", "ops", "s")]
+
+
+def test_a_load_that_names_fewer_options_keeps_the_catalogues_others(api, stories_hf_dir):
+    first = {"path": str(stories_hf_dir), "name": "s", "ctx_cap": 128, "max_sessions": 2, "reasoning_budget": 8}
+    assert api.post("/admin/models/load", json=first).status_code == 200
+    api.post("/admin/models/unload", json={"name": "s"})
+    again = api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "s", "max_sessions": 3})
+    assert again.status_code == 200, again.text
+    assert again.json()["context_window"] == 128  # the saved ctx_cap, though this load did not name it
+    assert CatalogModel.objects.get(name="s").load_options == LoadOptions(ctx_cap=128, max_sessions=3,
+                                                                          reasoning_budget=8)  # fmt: skip
+    api.post("/admin/models/unload", json={"name": "s"})
+    default = api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "s", "ctx_cap": 0})
+    assert default.json()["context_window"] == 512  # named, the default replaces it (the model's own window)
+    assert CatalogModel.objects.get(name="s").load_options.ctx_cap == 0
 
 
 def test_unload_by_instance_id(api, stories_hf_dir, stories_gguf_path):
@@ -112,6 +128,21 @@ def test_without_a_server_the_commands_change_the_catalogue(server, stories_hf_d
     assert [(e.operation, e.actor_kind) for e in AuditEvent.objects.all()] == [("model_load", "cli"),
                                                                               ("model_unload", "cli")]  # fmt: skip
     assert not ModelInstance.objects.exists()
+
+
+def test_without_a_server_a_load_does_not_repoint_a_name_unless_told(tmp_path, stories_hf_dir, stories_gguf_path):
+    env = serving_env(tmp_path)
+    first = run_manage(env, "load_model", str(stories_hf_dir), "--name", "stories", "--ctx-cap", "64")
+    assert first.returncode == 0, first.stderr
+    elsewhere = run_manage(env, "load_model", str(stories_gguf_path), "--name", "stories")
+    assert elsewhere.returncode == 1 and "--replace" in elsewhere.stderr
+    assert CatalogModel.objects.get(name="stories").path == str(stories_hf_dir)
+    same = run_manage(env, "load_model", str(stories_hf_dir), "--name", "stories", "--max-sessions", "2")
+    assert same.returncode == 0, same.stderr  # the same path: its options change, the others stay
+    assert CatalogModel.objects.get(name="stories").load_options == LoadOptions(ctx_cap=64, max_sessions=2)
+    replaced = run_manage(env, "load_model", str(stories_gguf_path), "--name", "stories", "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert CatalogModel.objects.get(name="stories").path == str(stories_gguf_path)
 
 
 def stream_then_unload(server, api, name, body=LONG_STREAM):

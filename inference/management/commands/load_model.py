@@ -19,7 +19,8 @@ from inference.api.serializers import LoadModelSerializer, validated
 from inference.engine.contract.params import LoadOptions
 from inference.management.load_progress_bar import LoadProgressBar
 from inference.management.server_client import call_admin, running_server
-from inference.services.catalogue import checkpoint_at, do_catalogue_model
+from inference.models import CatalogModel
+from inference.services.catalogue import catalogued_options, checkpoint_at, do_catalogue_model
 from inference.services.model_lifecycle import LoadRequest
 from pantheon_site.errors import LoadFailed
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
@@ -48,12 +49,17 @@ class Command(PantheonCommand):
         parser.add_argument("path", help="a Hugging Face checkpoint directory or a .gguf file")
         parser.add_argument("--name", help="the served name (default: the file or directory name)")
         parser.add_argument("--device", help="cpu or cuda:N (default: a GPU if there is one, else cpu)")
+        parser.add_argument(
+            "--replace",
+            action="store_true",
+            help="with no server running: repoint a catalogue entry of that name at another path",
+        )
         add_load_option_arguments(parser)
 
     def audit_model(self, options: dict) -> str:
         return options.get("name") or options["path"]
 
-    def perform(self, *, path: str, name: str | None, device: str | None, **options) -> CommandResult:
+    def perform(self, *, path: str, name: str | None, device: str | None, replace: bool, **options) -> CommandResult:
         given = {"name": name, "device": device, **{k: options[k] for k in LoadOptions.__struct_fields__}}
         body = dict(validated(LoadModelSerializer, {"path": path, **{k: v for k, v in given.items() if v is not None}}))
         server = running_server()
@@ -67,7 +73,14 @@ class Command(PantheonCommand):
         request = LoadRequest.from_body(body)
         checkpoint = checkpoint_at(request.path)
         name = request.name or checkpoint.default_name
-        do_catalogue_model(name, checkpoint, request.options, device=request.device)
+        entry = CatalogModel.objects.filter(name=name).first()
+        if entry is not None and entry.path != checkpoint.path and not replace:
+            raise LoadFailed(
+                f"the catalogue entry {name!r} is {entry.path}; pass --replace to point it at {checkpoint.path}",
+                status=409,
+                reason="catalogued_elsewhere",
+            )
+        do_catalogue_model(name, checkpoint, catalogued_options(name, request.options), device=request.device)
         lines = [
             f"No server is running: catalogued {name!r} ({checkpoint.format}, {checkpoint.path}); "
             "`manage.py serve` loads it at start."
