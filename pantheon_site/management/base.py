@@ -8,6 +8,7 @@ last line of its output. A command that hands its work to the running server set
 
 import getpass
 import os
+import sys
 from dataclasses import dataclass, field
 
 from django.core.management.base import BaseCommand, CommandError
@@ -66,8 +67,12 @@ class PantheonCommand(BaseCommand):
                 self.audit.model, self.audit.details = result.model, result.details
         except PantheonError as exc:
             raise CommandError(exc.message) from exc
-        for line in result.lines:
-            self.stdout.write(line)
+        try:
+            for line in result.lines:
+                self.stdout.write(line)
+            self.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader is gone, which is no error of the command's
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
 
     def _perform(self, options: dict) -> CommandResult:
         try:

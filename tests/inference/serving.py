@@ -40,22 +40,25 @@ def database_url() -> str:
 
 
 class PantheonServer:
-    """One `manage.py serve` subprocess with its own data folder (so its run file is its own)."""
+    """One `manage.py serve` subprocess with its own data folder (so its run file is its own); `script`: the
+    README's `scripts/serve` instead, as a new user starts it."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str]):
+    def __init__(self, data_dir: Path, env: dict[str, str], *, script: bool = False):
         self.data_dir = data_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
         self.log_path = data_dir / "serve.log"
         self.process: subprocess.Popen | None = None
+        self.command = [sys.executable, "manage.py", "serve", "--port", str(self.port)]
+        if script:
+            self.command, self.env = ["bash", "scripts/serve"], {**env, "PORT": str(self.port)}
 
     def start(self) -> PantheonServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "serve", "--port", str(self.port)],
-                cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                self.command, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
