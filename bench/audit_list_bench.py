@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-OPERATIONS = ["chat_completion"] * 60 + ["models_list"] * 25 + ["models_load", "models_unload"] * 5 + ["token_revoke"]
+OPERATIONS = ["chat_completion"] * 60 + ["model_list"] * 25 + ["model_load", "model_unload"] * 5 + ["token_revoke"]
 ACTORS = [("token", f"ci-{n}") for n in range(12)] + [("user", "ops-admin"), ("cli", "root"), ("system", "")]
 MODELS = ["stories260K", "llama-3-8b", "qwen-2.5-7b", "mistral-7b"]
 REASONS = ["", "", "", "queue full", "prompt too long", "token expired", "model not loaded", "checkpoint missing"]

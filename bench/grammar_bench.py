@@ -7,7 +7,7 @@ the grammar the API edge builds for a json_schema response_format (inference/api
 answers cannot end before DECODE_TOKENS (an array of 64 to 200 small integers), and once with the grammar of
 `tool_choice: "required"` (inference/engine/tool_grammar.py, Hermes dialect) for one tool whose argument is that
 array. The batches alternate, `--rounds` times each; the figure is generated tokens / wall time of the steps,
-prefill included (the prompts are 8 tokens). The target (issue 9): a constrained batch keeps >= 90% of the
+prefill included (the prompts are 8 tokens). The target: a constrained batch keeps >= 90% of the
 unconstrained rate.
 
 Run: .venv/bin/python bench/grammar_bench.py [--rounds 5] [--threads N]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def event():
     return record_audit_event(
-        "models_load",
+        "model_load",
         "refused",
         actor_kind="token",
         actor_label="ops",
@@ -36,7 +36,7 @@ def event():
 def test_an_event_records_who_what_and_why(event):
     row = AuditEvent.objects.get(pk=event.pk)
     assert (row.operation, row.outcome, row.error_type, row.reason) == (
-        "models_load",
+        "model_load",
         "refused",
         "server_busy",
         "queue_full",

@@ -17,7 +17,7 @@ from pantheon_site.tokens import do_create_token, do_revoke_token
 from pantheon_site.urls import handler404, handler500  # noqa: F401  (this test urlconf uses the project's)
 
 
-@operator_route("models_load")
+@operator_route("model_load")
 async def load_admin(request):
     request.audit.model = request.GET.get("model", "")
     if request.GET.get("fail"):
@@ -27,7 +27,7 @@ async def load_admin(request):
     return JsonResponse({"label": request.access_token.label})
 
 
-@operator_route("models_list")
+@operator_route("model_list")
 async def list_admin(request):
     return JsonResponse({"label": request.access_token.label})
 
@@ -66,7 +66,7 @@ def test_an_operator_token_is_accepted_and_the_call_audited_once(client, secrets
     headers = {"Authorization": f"Bearer {secrets_by_role['operator']}", "X-Request-Id": "r-1"}
     response = client.get("/admin/list", headers=headers)
     assert response.status_code == 200 and response.json() == {"label": "operator-1"}
-    assert events() == [("models_list", "accepted", "", "", "token", "operator-1", "")]
+    assert events() == [("model_list", "accepted", "", "", "token", "operator-1", "")]
     event = AuditEvent.objects.get()
     assert event.request_id == "r-1" and event.client_address == "127.0.0.1" and event.duration_ms >= 0
 
@@ -86,7 +86,7 @@ def test_missing_or_unknown_tokens_are_401_with_www_authenticate(client, secrets
     assert response.json() == {
         "error": {"message": "a valid bearer token is required", "type": "unauthorized", "code": None}
     }
-    assert events() == [("models_list", "refused", "unauthorized", reason, "anonymous", "", "")]
+    assert events() == [("model_list", "refused", "unauthorized", reason, "anonymous", "", "")]
 
 
 def test_revoked_and_expired_tokens_are_401(client, secrets_by_role):
@@ -103,7 +103,7 @@ def test_other_roles_are_403(client, secrets_by_role, role):
     assert response.status_code == 403
     assert "WWW-Authenticate" not in response
     assert response.json()["error"]["type"] == "forbidden"
-    assert events() == [("models_list", "refused", "forbidden", f"role_{role}", "token", f"{role}-1", "")]
+    assert events() == [("model_list", "refused", "forbidden", f"role_{role}", "token", f"{role}-1", "")]
 
 
 async def test_async_routes_audit_accepted_and_refused_calls(async_client, secrets_by_role, thread_connections_closed):
@@ -115,9 +115,9 @@ async def test_async_routes_audit_accepted_and_refused_calls(async_client, secre
     no_token = await async_client.get("/admin/load")
     assert no_token.status_code == 401 and no_token["WWW-Authenticate"] == "Bearer"
     assert await sync_to_async(events)() == [
-        ("models_load", "accepted", "", "", "token", "operator-1", "stories"),
-        ("models_load", "refused", "load_failed", "already_loaded", "token", "operator-1", "stories"),
-        ("models_load", "refused", "unauthorized", "token_missing", "anonymous", "", ""),
+        ("model_load", "accepted", "", "", "token", "operator-1", "stories"),
+        ("model_load", "refused", "load_failed", "already_loaded", "token", "operator-1", "stories"),
+        ("model_load", "refused", "unauthorized", "token_missing", "anonymous", "", ""),
     ]
 
 
@@ -127,7 +127,7 @@ async def test_a_view_that_crashes_is_audited_as_a_server_error(secrets_by_role,
     response = await client.get("/admin/load", {"model": "stories", "crash": "1"}, **operator)
     assert response.status_code == 500
     assert await sync_to_async(events)() == [
-        ("models_load", "refused", "server_error", "KeyError", "token", "operator-1", "stories")
+        ("model_load", "refused", "server_error", "KeyError", "token", "operator-1", "stories")
     ]
     event = await AuditEvent.objects.aget()
     assert event.details == {"message": "'path'"} and event.duration_ms >= 0

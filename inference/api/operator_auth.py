@@ -1,6 +1,6 @@
 """Who may call /admin/*: an operator token (pantheon_site.auth.operator_route), or `manage.py` on this host with the
-running server's local admin credential from the run file (inference/run_file.py). The one client route a command
-calls (POST /session/release) takes that credential too (`client_or_local_actor`).
+running server's local admin credential from the run file (inference/management/run_file.py). The one client route a
+command calls (POST /session/release) takes that credential too (`client_or_local_actor`).
 
 Either way the call writes exactly one audit event. A call made with the local credential is the command's own
 action, so its event has actor_kind "cli" and the OS user the command reports (X-Pantheon-Actor) as its label, the

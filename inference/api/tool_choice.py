@@ -4,7 +4,7 @@ Validated at the edge, before anything runs: every tool is `{"type": "function",
 `parameters` (when given) a valid JSON Schema object, and a named `tool_choice` names an offered tool; anything else
 is 400 invalid_request_error. `tool_choice: "none"` offers no tools at all.
 
-Which requests are grammar-constrained follows `PANTHEON_TOOL_GRAMMAR` (the spec's table, with this issue's
+Which requests are grammar-constrained follows `PANTHEON_TOOL_GRAMMAR` (the spec's table, with Pantheon's
 default): unset, `required` and a named function compel a call (the worker builds the grammar in the model's
 dialect, engine/tool_grammar.py); `1` also constrains `auto` once a call opens; `0` constrains nothing, and a named
 function then behaves like `auto`.

@@ -1,6 +1,6 @@
 """How `manage.py load_model`, `unload_model`, `sessions` and `release_session` talk to a running server: found
 through the run file, called on its operator routes (and POST /session/release) with the run's local admin
-credential (inference/run_file.py).
+credential (inference/management/run_file.py).
 
 Plain urllib: the commands need no HTTP client library, and a call is one small JSON request on localhost.
 """

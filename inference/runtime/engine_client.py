@@ -12,7 +12,7 @@ choose its HTTP status (inference/api/refusals.py); then the `Generation` yields
 logprobs) and ends with FINISHED (finish_reason, usage).
 
 A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers
-reports it (`worker_lost`): the supervisor for processes (inference/supervisor.py), `InProcessEngineClient`
+reports it (`worker_lost`): the supervisor for processes (inference/runtime/supervisor.py), `InProcessEngineClient`
 (in_process_client.py) for the worker threads it runs.
 """
 

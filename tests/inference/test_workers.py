@@ -117,7 +117,7 @@ async def test_abort_frees_the_slot_and_a_second_request_is_busy_meanwhile(clien
     prompt = reference[0]
     generation = await generate(client, "stories", prompt_token_ids=[1, 300], max_tokens=LONG, ignore_eos=True)
     await anext(generation)
-    with pytest.raises(EngineError) as busy:  # one decode at a time in this issue
+    with pytest.raises(EngineError) as busy:  # the load's one slot is taken
         await generate(client, "stories", prompt_token_ids=prompt, max_tokens=5)
     assert seen_as(busy.value) == ("server_busy", 429)
     assert (await models_by_name(client))["stories"].slots_used == 1

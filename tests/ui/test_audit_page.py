@@ -64,7 +64,7 @@ def test_operation_and_actor_find_the_one_revocation(staff):
 def test_actor_matches_a_kind_and_the_other_filters_are_exact(staff):
     system = _event("worker_crash", "refused", actor_kind="system", model="tiny", error_type="server_error")
     _event("worker_crash", "refused", actor_kind="system", model="tiny-2", error_type="server_error")
-    _event("models_load", "refused", actor_kind="cli", model="tiny", error_type="invalid_request_error")
+    _event("model_load", "refused", actor_kind="cli", model="tiny", error_type="invalid_request_error")
     query = {"actor": "system", "outcome": "refused", "model": "tiny", "error_type": "server_error"}
     assert _listed(staff.get("/ui/audit/", query)) == [system.id]
     assert _listed(staff.get("/ui/audit/", {"outcome": "accepted"})) == []
@@ -86,8 +86,8 @@ def test_time_range_is_from_inclusive_to_exclusive_in_utc(staff):
 
 
 def test_text_search_finds_words_in_the_reason_in_any_case(staff):
-    found = _event("models_load", "refused", reason="Out of GPU memory")
-    _event("models_load", "refused", reason="checkpoint missing")
+    found = _event("model_load", "refused", reason="Out of GPU memory")
+    _event("model_load", "refused", reason="checkpoint missing")
     assert _listed(staff.get("/ui/audit/", {"q": "gpu MEMORY"})) == [found.id]
 
 
@@ -164,8 +164,8 @@ def test_csv_export_has_a_header_and_exactly_the_filtered_rows_oldest_first(staf
 
 
 def test_json_lines_export_parses_and_matches_the_events(staff):
-    chosen = [_event("models_load", "refused", reason=f"no room {i}") for i in range(2)]
-    _event("models_load", "accepted")
+    chosen = [_event("model_load", "refused", reason=f"no room {i}") for i in range(2)]
+    _event("model_load", "accepted")
     response = staff.get(reverse("ui:audit-export-jsonl"), {"outcome": "refused"})
     assert re.fullmatch(r'attachment; filename="audit-\w+\.jsonl"', response["Content-Disposition"])
     lines = [json.loads(line) for line in _body(response).splitlines()]

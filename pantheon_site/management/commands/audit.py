@@ -36,7 +36,7 @@ class Command(PantheonCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--since", help='ISO date/time, or an age such as "30m", "2h", "7d"')
-        parser.add_argument("--operation", help="exact operation name, e.g. models_load, token_create")
+        parser.add_argument("--operation", help="exact operation name, e.g. model_load, token_create")
         parser.add_argument("--outcome", choices=Outcome.values)
         parser.add_argument("--actor", help="an actor label (token label or OS user) or kind (token, cli, system)")
         parser.add_argument("--limit", type=int, default=200, help="show at most this many of the newest (default 200)")
