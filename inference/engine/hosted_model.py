@@ -37,6 +37,7 @@ from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.session_blob import SessionSnapshot
 from inference.engine.session_calls import SessionCall, answer
 from inference.engine.sessions import SessionTable
 from inference.engine.step_threads import StepThreads
@@ -457,7 +458,8 @@ class HostedModel:
             fallback_reason=graphs.fallback_reason,
         )
 
-    def answer_session_call(self, call: SessionCall) -> p.Message:
-        """Answers after `settle()`: a turn whose FINISHED went out is no longer in flight (not session_busy)."""
+    def answer_session_call(self, call: SessionCall, restored: SessionSnapshot | p.Error | None = None) -> p.Message:
+        """Answers after `settle()`: a turn whose FINISHED went out is no longer in flight (not session_busy).
+        `restored`: a restore's blob, read already (session_calls.read_restore)."""
         self.scheduler.settle()
-        return answer(self.model, self.scheduler.sessions, call)
+        return answer(self.model, self.scheduler.sessions, call, restored)

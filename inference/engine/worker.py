@@ -17,6 +17,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 import torch
@@ -29,7 +30,7 @@ from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
 from inference.engine.loaders.loading import LoadedModel, return_freed_memory
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.sequence import Sequence
+from inference.engine.session_calls import read_restore
 from inference.engine.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.weights.barrier import WeightsBarrier
 from inference.engine.weights.served_weights import ServedWeights
@@ -54,13 +55,16 @@ class PendingLoad:
     reported_at: float = 0.0
 
 
+Preparable = p.Submit | p.Embed | p.SessionRestore  # what the preparation thread prepares
+
+
 @dataclass(slots=True)
 class PendingPrepare:
     """A SUBMIT whose prompt, or an EMBED whose inputs, are being templated and tokenized on the preparation
-    thread."""
+    thread; or a SESSION_RESTORE whose blob is being read there."""
 
     hosted: HostedModel
-    request: p.Submit | p.Embed
+    request: Preparable
     future: Future
 
 
@@ -199,6 +203,8 @@ class Worker:
                 if hosted is None:
                     problem = f"model {message.model!r} is not loaded on this worker"
                     self.send(p.Error(request_id=message.request_id, reason=Reason.MODEL_NOT_LOADED, message=problem))
+                elif isinstance(message, p.SessionRestore) and size >= INLINE_PREPARE_BYTES:
+                    self.restore(hosted, message)
                 else:
                     self.send(hosted.answer_session_call(message))
             case p.Shutdown():
@@ -243,11 +249,22 @@ class Worker:
         else:
             self.preparing[req.request_id] = PendingPrepare(hosted, req, self.preparer.submit(prepare, req))
 
-    def prepared(self, hosted: HostedModel, req: p.Submit | p.Embed, prepared: Sequence | list[list[int]]) -> None:
-        """Goes on with a prepared request: an EMBED's inputs are embedded (on the loop, between steps), a SUBMIT's
-        sequence is admitted."""
+    def restore(self, hosted: HostedModel, req: p.SessionRestore) -> None:
+        """A restore of a large blob: the blob is checked and copied (its checksum, its tensors) on the preparation
+        thread, then installed on the loop (finish_preparations). A model without sessions refuses it at once."""
+        if hosted.scheduler.sessions is None:
+            self.send(hosted.answer_session_call(req))
+        else:
+            future = self.preparer.submit(read_restore, hosted.model, req)
+            self.preparing[req.request_id] = PendingPrepare(hosted, req, future)
+
+    def prepared(self, hosted: HostedModel, req: Preparable, prepared: Any) -> None:
+        """Goes on with a prepared request: an EMBED's inputs are embedded (on the loop, between steps), a read
+        SESSION_RESTORE is installed, a SUBMIT's sequence is admitted."""
         if isinstance(req, p.Embed):
             self.send(hosted.embed(req, prepared))
+        elif isinstance(req, p.SessionRestore):
+            self.send(hosted.answer_session_call(req, prepared))
         else:
             hosted.admit(prepared)
             self.requests[prepared.request_id] = hosted.name
