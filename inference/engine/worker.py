@@ -4,8 +4,9 @@ The control plane sends requests over one ZMQ DEALER socket (see contract/messag
 steps every model's scheduler once, and sends what the steps produced as one STEP_OUTPUTS message. It blocks on the
 socket only when no model has work. Two kinds of slow work run on threads of their own, so that neither stalls the
 other models' steps or the heartbeats that tell the supervisor this worker lives: loading a model, and preparing
-(templating and tokenizing) a long prompt or long embeddings inputs, once a cheap bound has refused what cannot fit
-the context window. What a hosted model does with a request is in hosted_model.py.
+a large request (templating and tokenizing a long prompt or long embeddings inputs, once a cheap bound has refused
+what cannot fit the context window; checking and copying a large session blob to restore). What a hosted model
+does with a request is in hosted_model.py.
 
 The process around the loop (its socket, signals and threads) is worker_process.py.
 """
