@@ -1,6 +1,7 @@
 """A ceiling on request bodies, as an ASGI wrapper around the whole application (inside CORS, so refusals carry it).
 
-A body over PANTHEON_MAX_BODY_BYTES is answered 413 invalid_request_error before the application reads any of it:
+A body over PANTHEON_MAX_BODY_BYTES is answered 413 invalid_request_error before the application reads any of it
+(a raw session file posted to POST /session/restore has its own ceiling, PANTHEON_SESSION_RESTORE_MAX_BYTES):
 at once when Content-Length declares it, or, for a chunked body (no Content-Length), as soon as the bytes received
 pass the limit. The application is then told the client went away (`http.disconnect`), so Django stops reading,
 and the rest of the body is never handed to it. Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (a 400) comes only
@@ -25,12 +26,12 @@ class BodyLimitMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = settings.PANTHEON_MAX_BODY_BYTES
+        limit, setting = body_limit(scope)
         declared = content_length(scope)
         if declared is not None:
             # The server hands the application at most Content-Length bytes: nothing to count.
             if declared > limit:
-                return await refuse(send, limit)
+                return await refuse(send, limit, setting)
             return await self.app(scope, receive, send)
 
         received = 0
@@ -56,25 +57,38 @@ class BodyLimitMiddleware:
 
         await self.app(scope, counting_receive, tracking_send)
         if over and not started:
-            await refuse(send, limit)
+            await refuse(send, limit, setting)
         return None
+
+
+RAW_RESTORE_PATH = "/session/restore"
+RAW_BODY_TYPE = b"application/octet-stream"
+
+
+def body_limit(scope) -> tuple[int, str]:
+    """The ceiling on this request's body, and the setting that sets it."""
+    if scope["path"] == RAW_RESTORE_PATH and header(scope, b"content-type").startswith(RAW_BODY_TYPE):
+        return settings.PANTHEON_SESSION_RESTORE_MAX_BYTES, "PANTHEON_SESSION_RESTORE_MAX_BYTES"
+    return settings.PANTHEON_MAX_BODY_BYTES, "PANTHEON_MAX_BODY_BYTES"
+
+
+def header(scope, name: bytes) -> bytes:
+    """A request header's value, lowercased ("" when absent)."""
+    return next((value.lower() for key, value in scope["headers"] if key.lower() == name), b"")
 
 
 def content_length(scope) -> int | None:
     """The request's Content-Length, or None when it has none (a chunked body) or one that is not a number."""
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    try:
+        return int(header(scope, b"content-length"))
+    except ValueError:
+        return None
 
 
-async def refuse(send, limit: int) -> None:
+async def refuse(send, limit: int, setting: str) -> None:
     """Sends the 413, rendered by the one error renderer (pantheon_site/errors.py)."""
     error = RequestTooLarge(
-        f"the request body is larger than the server's limit of {limit} bytes (PANTHEON_MAX_BODY_BYTES)",
+        f"the request body is larger than the server's limit of {limit} bytes ({setting})",
         reason="body_too_large",
     )
     response = error_response(error)

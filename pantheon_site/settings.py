@@ -159,6 +159,10 @@ USE_I18N = False
 # 413 before the application reads it (pantheon_site/body_limit.py); Django's own check is kept at the same size.
 PANTHEON_MAX_BODY_BYTES = _env_int("PANTHEON_MAX_BODY_BYTES", 64 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = PANTHEON_MAX_BODY_BYTES
+# POST /session/restore with a raw application/octet-stream body (a session file: docs/api/sessions.md) has a limit
+# of its own, since a session's KV outgrows any sensible limit on other bodies: the default is well above one full
+# window's KV of a model served on one device (Qwen3-0.6B's 40,960 positions in float16 are 4.4 GiB).
+PANTHEON_SESSION_RESTORE_MAX_BYTES = _env_int("PANTHEON_SESSION_RESTORE_MAX_BYTES", 16 * 1024**3)
 
 # --- Channels, Celery ---------------------------------------------------------------------------------------------
 

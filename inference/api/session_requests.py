@@ -1,7 +1,7 @@
 """Request bodies and queries of the session routes (POST /admin/session/export, /session/restore, /session/release,
 GET /session/estimate, /session/watch), validated at the edge like every other body (serializers.py): anything
-wrong is 400 invalid_request_error naming the field, except a restore blob that is not base64, which is the
-spec's 400 bad_session_blob and never reaches the worker.
+wrong is 400 invalid_request_error naming the field, except a restore blob that is not base64 or a session file
+that cannot be one (session_file.py), which are the spec's 400 bad_session_blob and never reach the worker.
 
 In each route the session id is the body's (or query's) `session_id`, else the X-Session-Id header; export reads the
 body only. `name` selects the model; "" means the default one (inference/services/sessions.py resolves it).
@@ -17,6 +17,7 @@ from typing import Any
 from rest_framework import serializers
 
 from inference.api.serializers import SessionIdField, parse_json_object, session_id_from_header, validated
+from inference.api.session_file import read_session_file
 from inference.engine.contract.params import TOKEN_ID_LIMIT
 from pantheon_site.errors import BadSessionBlob, InvalidRequest
 
@@ -120,6 +121,14 @@ def parse_restore_request(raw: bytes, headers: Any) -> RestoreRequest:
     if not blob:
         raise BadSessionBlob("blob: empty", reason="blob_empty")
     return RestoreRequest(target.name, target.session_id, blob, data["tokens"])
+
+
+def parse_raw_restore_request(raw: bytes, query: Any, headers: Any) -> RestoreRequest:
+    """POST /session/restore with a session file as its body: the model and session id from the query (`name`,
+    `session_id`), the id else from the X-Session-Id header. Slow for a large file: run it on a thread."""
+    target = parse_session_query(query, headers)
+    tokens, blob = read_session_file(raw)
+    return RestoreRequest(target.name, target.session_id, blob, tokens)
 
 
 def parse_estimate_query(query: Any) -> dict[str, Any]:

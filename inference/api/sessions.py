@@ -25,6 +25,7 @@ from inference.api.methods import only
 from inference.api.operator_auth import admin_route, client_or_local_actor
 from inference.api.session_requests import (
     parse_estimate_query,
+    parse_raw_restore_request,
     parse_restore_request,
     parse_session_query,
     parse_session_target,
@@ -34,6 +35,7 @@ from inference.services import sessions
 from pantheon_site.auth import arequire_client_token
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+RAW_BODY = "application/octet-stream"  # a session file's media type, on export's Accept and restore's Content-Type
 WATCH_ESTABLISHED = b": watch established\n\n"
 WATCH_KEEPALIVE = b": keep-alive\n\n"
 
@@ -41,19 +43,28 @@ WATCH_KEEPALIVE = b": keep-alive\n\n"
 @only("POST")
 @admin_route("session_export")
 async def export(request):
-    """The session's most recently used conversation: blob (base64), the tokens it covers, the weights version."""
+    """The session's most recently used conversation: blob (base64), the tokens it covers, the weights version; or,
+    asked with `Accept: application/octet-stream`, the session file (session_file.py) that restore takes raw."""
     target = parse_session_target(request.body)  # the body only: export ignores X-Session-Id
     request.audit.model = target.name
-    model, body = await sessions.export_session(get_router(), target.name, target.session_id)
+    raw = RAW_BODY in request.headers.get("Accept", "")
+    model, body = await sessions.export_session(get_router(), target.name, target.session_id, raw=raw)
     request.audit.model = model
     request.audit.details = {"session_id": target.session_id}
-    return HttpResponse(body, content_type="application/json")
+    return HttpResponse(body, content_type=RAW_BODY if raw else "application/json")
 
 
 @only("POST")
 async def restore(request):
+    """A JSON body (the spec's: blob as base64, tokens), or a session file as an application/octet-stream body with
+    `name` and `session_id` in the query: the latter may be larger than PANTHEON_MAX_BODY_BYTES (body_limit.py), so
+    it is read from the request's stream, past Django's check of a body's size, which applies to the JSON form."""
     await arequire_client_token(request, operation="session_restore")
-    body = await asyncio.to_thread(parse_restore_request, request.body, request.headers)
+    if request.content_type == RAW_BODY:
+        raw = await asyncio.to_thread(request.read)
+        body = await asyncio.to_thread(parse_raw_restore_request, raw, request.GET, request.headers)
+    else:
+        body = await asyncio.to_thread(parse_restore_request, request.body, request.headers)
     result = await sessions.restore_session(get_router(), body.name, body.session_id, body.blob, body.tokens)
     return JsonResponse(result)
 

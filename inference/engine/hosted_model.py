@@ -4,7 +4,8 @@ Chat templating and tokenization happen here, next to the tokenizer, so the cont
 learns the prompt's token count from STARTED and receives text pieces in TOKENS. A SUBMIT goes through three
 checks, each refusing with one ERROR: `check_bound` (cheap, on the worker's loop: a prompt whose text alone is too
 long for the context window is refused before it is tokenized), `prepare` (templating and tokenizing; the worker
-runs long ones on its preparation thread) and `admit` (memory and queue, on the loop).
+runs long ones on its preparation thread) and `admit` (memory and queue, on the loop). An EMBED goes the same way:
+`check_embed_bound`, `embed_inputs` (tokenizing, on the preparation thread when long), then `embed` on the loop.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.session_blob import SessionSnapshot
 from inference.engine.session_calls import SessionCall, answer
 from inference.engine.sessions import SessionTable
 from inference.engine.step_threads import StepThreads
@@ -239,24 +241,35 @@ class HostedModel:
 
     def check_bound(self, req: p.Submit) -> None:
         """Refuses (prompt_too_long) a prompt that cannot fit the window, judged without tokenizing it: by its token
-        count, or for chat messages by their text's length (a token stands for at most `max_token_bytes` bytes)."""
-        window = self.scheduler.context_window
+        count, or for a text prompt and chat messages by their text's length (see `least_tokens`)."""
         if req.prompt_token_ids is not None:
             least = len(req.prompt_token_ids)
         else:
-            chars = prompt_text_length(req)
-            if chars <= self.max_prompt_chars:
-                return
-            least = chars // (self.model.tokenizer.max_token_bytes * NORMALIZATION_SLACK)
-        if least + 1 > window:
-            raise refusal(
-                req.request_id,
-                Reason.PROMPT_TOO_LONG,
-                f"the prompt has at least {least} tokens; the context window is {window} (kv_used {least}, kv_cap "
-                f"{window})",
-                kv_used=least,
-                kv_cap=window,
-            )
+            least = self.least_tokens(prompt_text_length(req))
+        if least + 1 > self.scheduler.context_window:  # one position is left for the first generated token
+            raise self._over_window(req.request_id, least, "the prompt has at least")
+
+    def check_embed_bound(self, req: p.Embed) -> None:
+        """Refuses (prompt_too_long) an EMBED one of whose inputs cannot fit the window, judged as `check_bound` does
+        without tokenizing anything: each token-id list by its length, each text by its length."""
+        if req.token_ids is not None:
+            least = max(map(len, req.token_ids), default=0)
+        else:
+            least = self.least_tokens(max(map(len, req.texts), default=0))
+        if least > self.scheduler.context_window:
+            raise self._over_window(req.request_id, least, "an input has at least")
+
+    def least_tokens(self, chars: int) -> int:
+        """The fewest tokens a text of `chars` characters may become (a token stands for at most `max_token_bytes`
+        bytes); 0, as good as unknown, for a text short enough to fit the window whatever its tokens."""
+        if chars <= self.max_prompt_chars:
+            return 0
+        return chars // (self.model.tokenizer.max_token_bytes * NORMALIZATION_SLACK)
+
+    def _over_window(self, request_id: str, tokens: int, what: str) -> RequestRefused:
+        window = self.scheduler.context_window
+        message = f"{what} {tokens} tokens; the context window is {window} (kv_used {tokens}, kv_cap {window})"
+        return refusal(request_id, Reason.PROMPT_TOO_LONG, message, kv_used=tokens, kv_cap=window)
 
     def prepare(self, req: p.Submit) -> Sequence:
         """The request's sequence: templated, tokenized and checked against the window (the slow part of a
@@ -275,14 +288,7 @@ class HostedModel:
         if not prompt or any(not 0 <= t < vocab for t in prompt):
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"the prompt must be non-empty token ids below {vocab}")
         if len(prompt) + 1 > window:
-            raise refusal(
-                req.request_id,
-                Reason.PROMPT_TOO_LONG,
-                f"the prompt has {len(prompt)} tokens; the context window is {window} (kv_used {len(prompt)}, kv_cap "
-                f"{window})",
-                kv_used=len(prompt),
-                kv_cap=window,
-            )
+            raise self._over_window(req.request_id, len(prompt), "the prompt has")
         stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         grammar = None
         if (grammar_text := self._grammar_text(req)) is not None:
@@ -340,26 +346,24 @@ class HostedModel:
         )
         return None if lark is None else llguidance.LLMatcher.grammar_from_lark(lark)
 
-    def embed(self, req: p.Embed) -> p.Embeddings:
-        """The inputs' embeddings: one forward pass per `max_concurrent` of them, on the worker's loop between steps
-        (generations go on around it). Raises RequestRefused for an input that is empty, holds ids outside the
-        vocabulary, or does not fit the window."""
+    def embed_inputs(self, req: p.Embed) -> list[list[int]]:
+        """An EMBED's inputs as token ids: tokenized and checked (the slow part of an EMBED, like `prepare`;
+        thread-safe). Raises RequestRefused for an input that is empty, holds ids outside the vocabulary, or does
+        not fit the window."""
         tok, window, vocab = self.model.tokenizer, self.scheduler.context_window, self.model.runner.vocab_size
         inputs = req.token_ids or [tok.encode(text, add_special_tokens=True) for text in req.texts]
         for ids in inputs:
+            if len(ids) > window:
+                raise self._over_window(req.request_id, len(ids), "an input has")
             if not ids or any(not 0 <= t < vocab for t in ids):
                 raise refusal(
                     req.request_id, Reason.BAD_REQUEST, f"each input must be non-empty token ids below {vocab}"
                 )
-            if len(ids) > window:
-                raise refusal(
-                    req.request_id,
-                    Reason.PROMPT_TOO_LONG,
-                    f"an input has {len(ids)} tokens; the context window is {window} (kv_used {len(ids)}, kv_cap "
-                    f"{window})",
-                    kv_used=len(ids),
-                    kv_cap=window,
-                )
+        return inputs
+
+    def embed(self, req: p.Embed, inputs: list[list[int]]) -> p.Embeddings:
+        """The embeddings of an EMBED's `inputs` (from `embed_inputs`): one forward pass per `max_concurrent` of
+        them, on the worker's loop between steps (generations go on around it)."""
         runner = self.model.runner
         group = runner.max_concurrent  # inputs per pass: the KV pool always has room for that many full windows
         batches = [runner.embed(inputs[i : i + group], self.pooling) for i in range(0, len(inputs), group)]
@@ -454,7 +458,8 @@ class HostedModel:
             fallback_reason=graphs.fallback_reason,
         )
 
-    def answer_session_call(self, call: SessionCall) -> p.Message:
-        """Answers after `settle()`: a turn whose FINISHED went out is no longer in flight (not session_busy)."""
+    def answer_session_call(self, call: SessionCall, restored: SessionSnapshot | p.Error | None = None) -> p.Message:
+        """Answers after `settle()`: a turn whose FINISHED went out is no longer in flight (not session_busy).
+        `restored`: a restore's blob, read already (session_calls.read_restore)."""
         self.scheduler.settle()
-        return answer(self.model, self.scheduler.sessions, call)
+        return answer(self.model, self.scheduler.sessions, call, restored)

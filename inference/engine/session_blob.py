@@ -153,7 +153,12 @@ def decode_blob(
 ) -> SessionSnapshot:
     """The snapshot in `blob`, which must cover exactly `tokens`, match `expect` and fit `max_tokens` (the model's
     context window), else BadSessionBlob; then, computed with other weights than `weights_version`,
-    WeightsVersionMismatch. The tensors are copies, on the CPU: `blob` may be dropped or reused afterwards."""
+    WeightsVersionMismatch. The tensors are copies, on the CPU: `blob` may be dropped or reused afterwards. A session
+    longer than the window is refused first, before the blob is read (a checksum over a large one takes a while)."""
+    if len(tokens) > max_tokens:
+        raise BadSessionBlob(
+            f"the session's {len(tokens)} tokens do not fit this model's context window of {max_tokens} tokens"
+        )
     view = memoryview(blob)
     if len(view) < _PREFIX.size + CHECKSUM_BYTES:
         raise BadSessionBlob(f"the session blob is truncated: {len(view)} bytes is too short to be one")
@@ -172,7 +177,7 @@ def decode_blob(
         header = _header_decoder.decode(body[_PREFIX.size : header_end])
     except msgspec.DecodeError as exc:
         raise BadSessionBlob(f"the session blob's header cannot be read: {exc}") from None
-    layout = _check_header(header, tokens, expect=expect, max_tokens=max_tokens)
+    layout = _check_header(header, tokens, expect=expect)
     payload = body[header_end:]
     tensor_bytes = layout.num_kv_heads * header.n_tok * layout.head_dim * layout.dtype.itemsize
     if not header.payload_bytes == len(payload) == 2 * layout.num_layers * tensor_bytes:
@@ -190,7 +195,7 @@ def decode_blob(
     return SessionSnapshot(layout, header.weights_version, list(tokens), tensors[0::2], tensors[1::2])
 
 
-def _check_header(header: BlobHeader, tokens: list[int], *, expect: SessionLayout, max_tokens: int) -> SessionLayout:
+def _check_header(header: BlobHeader, tokens: list[int], *, expect: SessionLayout) -> SessionLayout:
     """The blob's layout once the header agrees with the model and the tokens sent with it; else BadSessionBlob."""
     found = (header.architecture, header.num_layers, header.num_kv_heads, header.head_dim, header.dtype)
     wanted = (expect.architecture, expect.num_layers, expect.num_kv_heads, expect.head_dim, _dtype_name(expect.dtype))
@@ -207,10 +212,6 @@ def _check_header(header: BlobHeader, tokens: list[int], *, expect: SessionLayou
         raise BadSessionBlob(problem)
     if header.tokens_digest != _tokens_digest(tokens):
         raise BadSessionBlob("the tokens sent are not the ones the session was exported with")
-    if header.n_tok > max_tokens:
-        raise BadSessionBlob(
-            f"the session's {header.n_tok} tokens do not fit this model's context window of {max_tokens} tokens"
-        )
     if header.block_size < 1:
         raise BadSessionBlob(f"the session blob's block_size {header.block_size} is not positive")
     return replace(expect, block_size=header.block_size)

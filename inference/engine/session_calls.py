@@ -2,7 +2,9 @@
 
 Export copies a conversation's KV out of the pool into a blob (session_blob.py) that records the model's layout and
 weights version; restore checks a blob against both before it takes a single block, so a refused restore changes
-nothing. The session bookkeeping itself is sessions.py.
+nothing. A restore is two parts: `read_restore` checks and copies the blob (thread-safe: the worker runs it for a
+large blob on its preparation thread), `install_restore` writes it into the pool (on the loop). The session
+bookkeeping itself is sessions.py.
 """
 
 from __future__ import annotations
@@ -36,8 +38,14 @@ def session_layout(model: LoadedModel) -> SessionLayout:
     )
 
 
-def answer(model: LoadedModel, sessions: SessionTable | None, call: SessionCall) -> p.Message:
-    """The reply to a session call: its reply message, or ERROR with the reason."""
+def answer(
+    model: LoadedModel,
+    sessions: SessionTable | None,
+    call: SessionCall,
+    restored: SessionSnapshot | p.Error | None = None,
+) -> p.Message:
+    """The reply to a session call: its reply message, or ERROR with the reason. `restored`: a restore's
+    `read_restore`, when it was read already."""
     match call:
         case p.SessionRelease(request_id=rid, session_id=sid):
             released = sessions.release(sid) if sessions is not None else False
@@ -54,7 +62,8 @@ def answer(model: LoadedModel, sessions: SessionTable | None, call: SessionCall)
             case p.SessionExport():
                 return _export(model, sessions, call)
             case p.SessionRestore():
-                return _restore(model, sessions, call)
+                snapshot = read_restore(model, call) if restored is None else restored
+                return snapshot if isinstance(snapshot, p.Error) else install_restore(model, sessions, call, snapshot)
     except SessionError as exc:
         return p.Error(request_id=call.request_id, reason=Reason(exc.reason), message=str(exc))
     raise TypeError(f"not a session call: {type(call).__name__}")
@@ -79,7 +88,8 @@ def _export(model: LoadedModel, sessions: SessionTable, call: p.SessionExport) -
     )
 
 
-def _restore(model: LoadedModel, sessions: SessionTable, call: p.SessionRestore) -> p.Message:
+def read_restore(model: LoadedModel, call: p.SessionRestore) -> SessionSnapshot | p.Error:
+    """The snapshot a restore installs, or the ERROR that refuses it (touches neither the pool nor the sessions)."""
     cache = model.runner.cache
     try:
         snapshot = decode_blob(
@@ -96,6 +106,15 @@ def _restore(model: LoadedModel, sessions: SessionTable, call: p.SessionRestore)
     if any(not 0 <= t < model.runner.vocab_size for t in snapshot.tokens):
         message = f"the session's tokens must be ids below this model's vocabulary of {model.runner.vocab_size}"
         return p.Error(request_id=call.request_id, reason=Reason.BAD_SESSION_BLOB, message=message)
+    return snapshot
+
+
+def install_restore(
+    model: LoadedModel, sessions: SessionTable, call: p.SessionRestore, snapshot: SessionSnapshot
+) -> p.Message:
+    """Writes a read snapshot into the pool as a conversation of the call's session (SessionError if the session
+    cannot take it)."""
+    cache = model.runner.cache
     slot = cache.allocate()
     try:
         cache.write(slot, snapshot.tokens, snapshot.keys, snapshot.values)

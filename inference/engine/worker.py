@@ -4,7 +4,9 @@ The control plane sends requests over one ZMQ DEALER socket (see contract/messag
 steps every model's scheduler once, and sends what the steps produced as one STEP_OUTPUTS message. It blocks on the
 socket only when no model has work. Two kinds of slow work run on threads of their own, so that neither stalls the
 other models' steps or the heartbeats that tell the supervisor this worker lives: loading a model, and preparing
-(templating and tokenizing) a long chat prompt. What a hosted model does with a request is in hosted_model.py.
+a large request (templating and tokenizing a long prompt or long embeddings inputs, once a cheap bound has refused
+what cannot fit the context window; checking and copying a large session blob to restore). What a hosted model
+does with a request is in hosted_model.py.
 
 The process around the loop (its socket, signals and threads) is worker_process.py.
 """
@@ -16,6 +18,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 import torch
@@ -25,18 +28,19 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
-from inference.engine.hosted_model import HostedModel, RequestRefused, prompt_text_length, refusal
+from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
 from inference.engine.loaders.loading import LoadedModel, return_freed_memory
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.sequence import Sequence
+from inference.engine.session_calls import read_restore
 from inference.engine.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.weights.barrier import WeightsBarrier
 from inference.engine.weights.served_weights import ServedWeights
 
 HEARTBEAT_INTERVAL = 0.5  # default seconds between HEARTBEATs
-# A chat prompt with fewer characters than this is templated and tokenized on the loop itself: it takes less time
-# than handing it to the preparation thread and noticing the result.
-INLINE_PREPARE_CHARS = 16 * 1024
+# A SUBMIT or EMBED whose frame is smaller than this is templated and tokenized on the loop itself: it takes less
+# time than handing it to the preparation thread and noticing the result. The frame's size bounds all the text the
+# request brings (a prompt, every message and tool, embeddings inputs, a grammar), whatever holds it.
+INLINE_PREPARE_BYTES = 16 * 1024
 BUSY_POLL_MS = 5  # how long the loop blocks on input while a load or a preparation may finish any moment
 LOAD_PROGRESS_INTERVAL = 0.2  # at most this often, seconds, a running load's LOAD_PROGRESS is sent
 
@@ -52,11 +56,16 @@ class PendingLoad:
     reported_at: float = 0.0
 
 
+Preparable = p.Submit | p.Embed | p.SessionRestore  # what the preparation thread prepares
+
+
 @dataclass(slots=True)
 class PendingPrepare:
-    """A SUBMIT whose prompt is being templated and tokenized on the preparation thread."""
+    """A SUBMIT whose prompt, or an EMBED whose inputs, are being templated and tokenized on the preparation
+    thread; or a SESSION_RESTORE whose blob is being read there."""
 
     hosted: HostedModel
+    request: Preparable
     future: Future
 
 
@@ -148,17 +157,18 @@ class Worker:
                 self.send(p.Error(request_id=exc.request_id, reason=Reason.BAD_REQUEST, message=str(exc)))
                 continue
             try:
-                self.handle(message)
+                self.handle(message, len(frame))
             except Exception as exc:  # answer the one request; a bug in handling it must not end the worker
                 failure = f"{type(message).__name__} failed: {type(exc).__name__}: {exc}"
                 request_id = getattr(message, "request_id", None)
                 self.send(p.Error(request_id=request_id, reason=Reason.INTERNAL, message=failure))
 
-    def handle(self, message: p.Message) -> None:
+    def handle(self, message: p.Message, size: int = 0) -> None:
+        """Answers or starts one message; `size` is its frame's bytes (what a SUBMIT or EMBED may cost to prepare)."""
         match message:
-            case p.Submit():
+            case p.Submit() | p.Embed():
                 try:
-                    self.submit(message)
+                    self.submit(message, size)
                 except RequestRefused as refused:
                     self.send(refused.error)
             case p.Abort(request_id=request_id):
@@ -182,16 +192,6 @@ class Worker:
                     for hosted in hosts:
                         hosted.scheduler.resume()
                     self.send(p.Resumed(request_id=request_id))
-            case p.Embed(request_id=request_id, model=model):
-                hosted = self.models.get(model)
-                if hosted is None or hosted.unload:
-                    message = f"model {model!r} is not loaded on this worker"
-                    self.send(p.Error(request_id=request_id, reason=Reason.MODEL_NOT_LOADED, message=message))
-                else:
-                    try:
-                        self.send(hosted.embed(message))
-                    except RequestRefused as refused:
-                        self.send(refused.error)
             case p.WeightsRequest(request_id=request_id, model=model, call=call):
                 hosted = self.models.get(model)
                 if hosted is None:
@@ -204,6 +204,8 @@ class Worker:
                 if hosted is None:
                     problem = f"model {message.model!r} is not loaded on this worker"
                     self.send(p.Error(request_id=message.request_id, reason=Reason.MODEL_NOT_LOADED, message=problem))
+                elif isinstance(message, p.SessionRestore) and size >= INLINE_PREPARE_BYTES:
+                    self.restore(hosted, message)
                 else:
                     self.send(hosted.answer_session_call(message))
             case p.Shutdown():
@@ -224,40 +226,62 @@ class Worker:
 
     # -- generations ---------------------------------------------------------------------------------------------
 
-    def submit(self, req: p.Submit) -> None:
-        """Checks a SUBMIT cheaply here, then prepares its prompt: here when it is short, else on the preparation
-        thread (finish_preparations admits it). Raises RequestRefused."""
+    def submit(self, req: p.Submit | p.Embed, size: int) -> None:
+        """Checks a SUBMIT or an EMBED cheaply here (an input that cannot fit the window is refused untokenized),
+        then prepares it: here when its frame is small, else on the preparation thread (finish_preparations goes
+        on with it). Raises RequestRefused."""
         hosted = self.models.get(req.model)
         if hosted is None or hosted.unload:
             state = "is unloading" if hosted else "is not loaded on this worker"
             raise refusal(req.request_id, Reason.MODEL_NOT_LOADED, f"model {req.model!r} {state}")
         if req.request_id in self.requests or req.request_id in self.preparing:
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"request id {req.request_id!r} is already in use")
-        if hosted.barrier.weights_state == "torn":
-            message = f"the weights of {req.model!r} are torn; they are restored with POST /api/weights/load"
-            raise refusal(req.request_id, Reason.WEIGHTS_TORN, message)
-        hosted.check_bound(req)
-        if req.prompt_token_ids is not None or prompt_text_length(req) < INLINE_PREPARE_CHARS:
-            self.admit(hosted, hosted.prepare(req))
+        if isinstance(req, p.Embed):
+            hosted.check_embed_bound(req)
+            prepare = hosted.embed_inputs
         else:
-            self.preparing[req.request_id] = PendingPrepare(hosted, self.preparer.submit(hosted.prepare, req))
+            if hosted.barrier.weights_state == "torn":
+                message = f"the weights of {req.model!r} are torn; they are restored with POST /api/weights/load"
+                raise refusal(req.request_id, Reason.WEIGHTS_TORN, message)
+            hosted.check_bound(req)
+            prepare = hosted.prepare
+        if size < INLINE_PREPARE_BYTES:
+            self.prepared(hosted, req, prepare(req))
+        else:
+            self.preparing[req.request_id] = PendingPrepare(hosted, req, self.preparer.submit(prepare, req))
 
-    def admit(self, hosted: HostedModel, seq: Sequence) -> None:
-        hosted.admit(seq)
-        self.requests[seq.request_id] = hosted.name
+    def restore(self, hosted: HostedModel, req: p.SessionRestore) -> None:
+        """A restore of a large blob: the blob is checked and copied (its checksum, its tensors) on the preparation
+        thread, then installed on the loop (finish_preparations). A model without sessions refuses it at once."""
+        if hosted.scheduler.sessions is None:
+            self.send(hosted.answer_session_call(req))
+        else:
+            future = self.preparer.submit(read_restore, hosted.model, req)
+            self.preparing[req.request_id] = PendingPrepare(hosted, req, future)
+
+    def prepared(self, hosted: HostedModel, req: Preparable, prepared: Any) -> None:
+        """Goes on with a prepared request: an EMBED's inputs are embedded (on the loop, between steps), a read
+        SESSION_RESTORE is installed, a SUBMIT's sequence is admitted."""
+        if isinstance(req, p.Embed):
+            self.send(hosted.embed(req, prepared))
+        elif isinstance(req, p.SessionRestore):
+            self.send(hosted.answer_session_call(req, prepared))
+        else:
+            hosted.admit(prepared)
+            self.requests[prepared.request_id] = hosted.name
 
     def finish_preparations(self) -> None:
-        """Admits (or refuses) the SUBMITs whose preparation ended; aborted ones are gone from `preparing`."""
+        """Goes on with (or refuses) the requests whose preparation ended; aborted ones are gone from `preparing`."""
         for request_id, pending in list(self.preparing.items()):
             if not pending.future.done():
                 continue
             del self.preparing[request_id]
             hosted = pending.hosted
             try:
-                seq = pending.future.result()
+                prepared = pending.future.result()
                 if self.models.get(hosted.name) is not hosted or hosted.unload:
                     raise refusal(request_id, Reason.MODEL_NOT_LOADED, f"model {hosted.name!r} was unloaded")
-                self.admit(hosted, seq)
+                self.prepared(hosted, pending.request, prepared)
             except RequestRefused as refused:
                 self.send(refused.error)
             except Exception as exc:  # a bug in templating or tokenizing fails this request alone

@@ -19,13 +19,14 @@ from typing import Any
 from django.conf import settings
 
 from inference.api.refusals import as_api_error
+from inference.api.session_file import session_file
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.runtime.engine_client import EngineClient
 from inference.runtime.generation import EngineError
 from inference.runtime.router import SERVING_STATES, ModelRouter
 from pantheon_site.audit import AuditedCall
-from pantheon_site.errors import ModelNotFound, ServerShuttingDown, WatchUnavailable
+from pantheon_site.errors import BadSessionBlob, ModelNotFound, ServerShuttingDown, WatchUnavailable
 
 logger = logging.getLogger("pantheon.sessions")
 
@@ -56,14 +57,17 @@ def session_model(router: ModelRouter, name: str) -> str:
     raise ModelNotFound(f"several models are loaded ({', '.join(sorted(serving))}); name one", reason="no_default")
 
 
-async def export_session(router: ModelRouter, name: str, session_id: str) -> tuple[str, bytes]:
-    """The session's most recently used conversation as export's JSON body (already encoded: the blob of a long
-    conversation is tens of MB, so it is encoded on a thread); returns (model, body)."""
+async def export_session(router: ModelRouter, name: str, session_id: str, *, raw: bool = False) -> tuple[str, bytes]:
+    """The session's most recently used conversation as export's JSON body, or with `raw` as a session file
+    (inference/api/session_file.py), already encoded: the blob of a long conversation is tens of MB or more, so it
+    is encoded on a thread; returns (model, body)."""
     model = session_model(router, name)
     try:
         reply = await router.client.export_session(model, session_id)
     except EngineError as exc:
         raise as_api_error(exc) from exc
+    if raw:
+        return model, await asyncio.to_thread(session_file, reply.tokens, reply.blob)
     return model, await asyncio.to_thread(_export_body, reply)
 
 
@@ -80,8 +84,16 @@ def _export_body(reply: p.SessionBlob) -> bytes:
 
 
 async def restore_session(router: ModelRouter, name: str, session_id: str, blob: bytes, tokens: list[int]) -> dict:
-    """Installs an exported conversation under `session_id`; a refused restore changes nothing."""
+    """Installs an exported conversation under `session_id`; a refused restore changes nothing. A session longer
+    than the model's context window is refused here, without sending its blob to the worker."""
     model = session_model(router, name)
+    info = router.placements()[model].info
+    if info is not None and len(tokens) > info.context_window:
+        raise BadSessionBlob(
+            f"the session's {len(tokens)} tokens do not fit the context window of {model!r}, {info.context_window} "
+            "tokens",
+            reason="session_over_window",
+        )
     try:
         reply = await router.client.restore_session(model, session_id, blob, tokens)
     except EngineError as exc:

@@ -159,9 +159,10 @@ def test_something_else_than_a_session_blob_is_refused():
         decode(b"GGUF" + BLOB[4:])
 
 
-def test_an_unknown_format_version_is_refused_even_with_a_valid_checksum():
-    with pytest.raises(BadSessionBlob, match="format version 2 is unknown"):
-        decode(reseal(BLOB, version=2))
+@pytest.mark.parametrize("version", [0, 2])  # older and newer than the one this server reads
+def test_an_unknown_format_version_is_refused_even_with_a_valid_checksum(version):
+    with pytest.raises(BadSessionBlob, match=f"format version {version} is unknown"):
+        decode(reseal(BLOB, version=version))
 
 
 @pytest.mark.parametrize("where", ["magic", "version", "header length", "header", "payload", "checksum"])
@@ -284,13 +285,20 @@ def test_a_session_longer_than_the_context_window_is_refused():
         decode(BLOB, max_tokens=len(TOKENS) - 1)
 
 
+def test_a_session_longer_than_the_context_window_is_refused_before_its_blob_is_read():
+    for unread in (flip(BLOB, len(BLOB) - 40), b"not a blob at all"):  # a checksum or magic bytes would refuse these
+        with pytest.raises(BadSessionBlob, match="do not fit this model's context window of 5 tokens"):
+            decode(unread, max_tokens=len(TOKENS) - 1)
+
+
 # -- other weights --------------------------------------------------------------------------------------------------
 
 
-def test_a_sound_blob_from_other_weights_is_a_weights_version_mismatch():
+@pytest.mark.parametrize("served", [VERSION + 1, VERSION - 1])  # weights newer or older than the blob's
+def test_a_sound_blob_from_other_weights_is_a_weights_version_mismatch(served):
     with pytest.raises(WeightsVersionMismatch, match="replay the conversation") as refused:
-        decode(BLOB, weights_version=VERSION + 1)
-    assert (refused.value.found, refused.value.expected) == (VERSION, VERSION + 1)
+        decode(BLOB, weights_version=served)
+    assert (refused.value.found, refused.value.expected) == (VERSION, served)
     assert not isinstance(refused.value, BadSessionBlob)  # 409 for the client, not 400
 
 

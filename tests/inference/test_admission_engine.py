@@ -149,12 +149,35 @@ async def test_a_prompt_too_long_by_its_text_alone_is_refused_before_it_is_token
 
 
 @in_module_loop
+async def test_an_embeddings_input_too_long_by_its_text_or_length_alone_is_refused_before_it_is_tokenized(client):
+    window = client.models()["stories"].info.context_window
+    for inputs in (["x" * 1_000_000], ["Hi", "x" * 1_000_000], [[5] * 1_000_000], [[5, 6], [5] * (window + 1)]):
+        with pytest.raises(EngineError) as refused:
+            await client.embed("stories", inputs)
+        assert seen_as(refused.value) == ("context_over_budget", 422)
+        assert "at least" in refused.value.message and refused.value.kv_used > window  # no token was counted
+    with pytest.raises(EngineError) as counted:  # under the text bound: tokenized, then refused by its count
+        await client.embed("stories", ["Once upon a time there was a cat. " * 200])
+    assert seen_as(counted.value) == ("context_over_budget", 422) and "at least" not in counted.value.message
+
+
+@in_module_loop
+async def test_embeddings_tokenized_on_the_preparation_thread_equal_those_tokenized_on_the_loop(client, monkeypatch):
+    texts = ["Once upon a time there was a cat.", "The sun was warm."]
+    inline = await client.embed("stories", texts)
+    monkeypatch.setattr(worker_module, "INLINE_PREPARE_BYTES", 0)  # every input goes to the thread
+    prepared = await asyncio.wait_for(asyncio.gather(*(client.embed("stories", texts) for _ in range(2))), 60)
+    assert [reply.vectors for reply in prepared] == [inline.vectors] * 2
+    assert [reply.prompt_tokens for reply in prepared] == [inline.prompt_tokens] * 2
+
+
+@in_module_loop
 async def test_a_prompt_prepared_on_the_preparation_thread_generates_what_the_loop_would(client, monkeypatch):
     async def greedy_tokens() -> list[int]:
         generation = await generate(client, "stories", messages=MESSAGES, max_tokens=12, sampling={"temperature": 0})
         return [t for e in [e async for e in generation] if isinstance(e, p.Tokens) for t in e.token_ids]
 
     inline = await greedy_tokens()
-    monkeypatch.setattr(worker_module, "INLINE_PREPARE_CHARS", 0)  # every chat prompt goes to the thread
+    monkeypatch.setattr(worker_module, "INLINE_PREPARE_BYTES", 0)  # every chat prompt goes to the thread
     prepared = await asyncio.wait_for(asyncio.gather(*(greedy_tokens() for _ in range(2))), 60)  # a hang guard
     assert prepared == [inline, inline] and len(inline) == 12

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import httpx
 import pytest
@@ -189,7 +190,27 @@ def delta_text(event) -> str:
     return event["choices"][0]["delta"].get("content") or ""
 
 
-def test_a_10mb_prompt_fails_alone_while_other_streams_decode(server, api, stories_gguf_path):
+TEN_MB = "Once upon a time there was a cat. " * 300_000
+USER_AND_LONG_ASSISTANT_TURN = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": TEN_MB}]
+HUGE_REQUESTS = {  # each holds 10 MB of text that cannot fit stories260K's window, where a route takes text
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": TEN_MB}]}),
+    "chat, an assistant turn": ("/v1/chat/completions", {"messages": USER_AND_LONG_ASSISTANT_TURN}),
+    "chat, tools": (
+        "/v1/chat/completions",
+        {**HELLO, "tools": [{"type": "function", "function": {"name": "tell", "description": TEN_MB}}]},
+    ),
+    "completions, a list of prompts": ("/v1/completions", {"prompt": ["Hi", TEN_MB]}),
+    "embeddings": ("/v1/embeddings", {"input": TEN_MB}),
+    "embeddings, a list of inputs": ("/v1/embeddings", {"input": ["Hi", TEN_MB]}),
+    "responses, an assistant item": ("/v1/responses", {"input": USER_AND_LONG_ASSISTANT_TURN}),
+}
+
+
+@pytest.mark.parametrize("route, body", HUGE_REQUESTS.values(), ids=HUGE_REQUESTS.keys())
+def test_a_10mb_request_fails_alone_while_other_streams_decode(server, api, stories_gguf_path, route, body):
+    """Tokenizing 10 MB on the worker's loop would stall it past the 3 s heartbeat timeout: the worker would be
+    restarted and the streams cut. Text that cannot fit is refused untokenized, other long text is tokenized beside
+    the loop (then refused by its count)."""
     load_stories(api, stories_gguf_path)
     [pid] = server.worker_pids()
     decoding = [threading.Event() for _ in range(4)]
@@ -218,13 +239,10 @@ def test_a_10mb_prompt_fails_alone_while_other_streams_decode(server, api, stori
         thread.start()
     wait_for(lambda: all(event.is_set() for event in decoding), timeout=120)  # every stream produced a token
 
-    text = "Once upon a time there was a cat. " * 300_000
-    assert len(text) >= 10_000_000
     with httpx.Client(base_url=server.url, timeout=300) as client:
-        response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]})
-    assert 400 <= response.status_code < 500, response.text
-    error = response.json()["error"]
-    assert error["type"] and error["code"] is None and error["message"]
+        response = client.post(route, json=body)
+    error = assert_error(response, 422, "context_over_budget")
+    assert "context window" in error["message"]
 
     for thread in threads:
         thread.join()
@@ -241,6 +259,28 @@ def test_a_10mb_prompt_fails_alone_while_other_streams_decode(server, api, stori
     assert server.worker_pids() == [pid]
     assert not AuditEvent.objects.filter(operation="worker_crash").exists()
     assert api.post("/v1/chat/completions", json=HELLO).status_code == 200
+
+
+def test_a_small_chat_is_answered_while_a_long_conversation_is_tokenized(server, api, stories_gguf_path):
+    """A conversation whose text may fit (an assistant turn's text can be cut by a template) is tokenized beside the
+    loop: a small chat sent after it gets its answer first."""
+    load_stories(api, stories_gguf_path)
+    [pid] = server.worker_pids()
+    answered: list[str] = []
+
+    def long_conversation() -> None:
+        with httpx.Client(base_url=server.url, timeout=300) as client:
+            response = client.post("/v1/chat/completions", json={"messages": USER_AND_LONG_ASSISTANT_TURN})
+        answered.append(f"long {response.status_code}")
+
+    thread = threading.Thread(target=long_conversation)
+    thread.start()
+    time.sleep(1)  # its 10 MB reach the worker (a small chat sent before them would be answered first anyway)
+    response = api.post("/v1/chat/completions", json=HELLO)
+    answered.append(f"small {response.status_code}")
+    thread.join()
+    assert answered == ["small 200", "long 422"]
+    assert server.worker_pids() == [pid]
 
 
 # -- requests while a killed worker restarts ----------------------------------------------------------------------
