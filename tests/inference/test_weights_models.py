@@ -184,12 +184,12 @@ HOSTILE_FIELDS = [
 
 def test_hostile_field_types_are_refused_in_the_weights_envelope_and_change_nothing(server, api, stories_hf_dir):
     holder = Holder(server, load_attachable(api, stories_hf_dir))
+    # nothing attached yet: an attach gets as far as choosing its model
+    refusals = [weights_call(server, "attach", holder.token, body={"model": value}) for value in HOSTILE_NAMES]
     holder.attach()
     operator = new_token("operator", "ops-hostile")
     before = status(server)
-    refusals = []
     for value in HOSTILE_NAMES:
-        refusals.append(weights_call(server, "attach", holder.token, body={"model": value}))
         refusals.append(weights_call(server, "load", holder.token, body={"model": value, "checkpoint": 1}))
         refusals.append(weights_call(server, "clear-stale", operator, body={"model": value}))
         refusals += [holder.call(route, {"model": value}) for route in HOLDER_ROUTES]
