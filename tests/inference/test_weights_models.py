@@ -14,12 +14,11 @@ import torch
 from inference.models import CatalogModel
 from tests.inference.serving import REPO_ROOT, bearer, operator_client, wait_for
 from tests.inference.session_turns import load
-from tests.inference.weights_calls import Holder, load_attachable, new_token, status, weights_call
+from tests.inference.weights_calls import Holder, greedy, load_attachable, new_token, status, text, weights_call
 from weights.client import WeightsClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROMPT = [{"role": "user", "content": "Once upon a time"}]
 # long enough that nothing expires between two calls of a test
 TIMERS = {"WEIGHTS_COMMIT_WATCHDOG_MS": "30000", "WEIGHTS_HOLD_TIMEOUT_S": "30"}
 
@@ -34,17 +33,6 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(start_server, tmp_path_factory):
     return start_server(PANTHEON_CHECKPOINT_DIR=str(tmp_path_factory.mktemp("checkpoints")), **TIMERS)
-
-
-def greedy(server) -> httpx.Response:
-    body = {"model": "stories", "messages": PROMPT, "temperature": 0, "max_tokens": 24}
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response
-
-
-def text_of(response: httpx.Response) -> str:
-    return response.json()["choices"][0]["message"]["content"]
 
 
 def model_status(server, model: str) -> dict:
@@ -117,7 +105,7 @@ def test_with_two_attachable_models_each_call_names_one_and_the_docs_example_run
     with WeightsClient(server.url, secret, model="stories") as client:
         assert client.load("stories:forge-1:step-100")["served_name"] == "stories:forge-1:step-100"
         assert client.status()["model"] == "stories"
-    assert greedy(server).headers["X-miLLM-Model"] == '"stories:forge-1:step-100";origin=checkpoint;commits=0'
+    assert greedy(server.url).headers["X-miLLM-Model"] == '"stories:forge-1:step-100";origin=checkpoint;commits=0'
 
 
 def test_a_restart_serves_the_checkpoint_the_model_served_and_a_save_continues_its_steps(
@@ -129,25 +117,25 @@ def test_a_restart_serves_the_checkpoint_the_model_served_and_a_save_continues_i
     # Not operator_client: it unloads on leaving, and an unloaded model is not brought back at start.
     with httpx.Client(base_url=first.url, timeout=60, headers=bearer(operator_token)) as api:
         load(api, stories_hf_dir, "stories")
-        base = text_of(greedy(first))
+        base = text(greedy(first.url))
         with WeightsClient(first.url, secret, model="stories") as client:
             with client.write() as tensors:
                 tensors["model.norm.weight"].mul_(-1.0)  # negated logits: another greedy text
             saved = client.save("restart")
-        trained = text_of(greedy(first))
+        trained = text(greedy(first.url))
         assert trained != base and saved["name"] == "stories:restart:step-1"
         # the base weights by POST /api/weights/load, then the checkpoint: the last load is what a restart serves
         row = CatalogModel.objects.get(name="stories")
         assert weights_call(first, "load", secret, body={"model": "stories", "model_id": row.pk}).data
-        assert text_of(greedy(first)) == base
+        assert text(greedy(first.url)) == base
         assert weights_call(first, "load", secret, body={"model": "stories", "checkpoint": saved["name"]}).data
     assert first.stop() == 0
 
     second = start_server(**env)  # a new platform on the same database: the catalogue loads "stories" again
     with httpx.Client(base_url=second.url, timeout=60, headers=bearer(operator_token)) as api:
         wait_for(lambda: [m["id"] for m in api.get("/v1/models").json()["data"]] == ["stories"], timeout=60)
-        answer = greedy(second)
-        assert text_of(answer) == trained
+        answer = greedy(second.url)
+        assert text(answer) == trained
         assert answer.headers["X-miLLM-Model"] == '"stories:restart:step-1";origin=checkpoint;commits=0'
         (row,) = api.get("/admin/models").json()["data"]
         assert row["path"] == saved["path"]
@@ -167,9 +155,9 @@ def test_a_restart_serves_the_checkpoint_the_model_served_and_a_save_continues_i
     third = start_server(**env)  # and a save is what the next start serves
     with operator_client(third, operator_token) as api:
         wait_for(lambda: [m["id"] for m in api.get("/v1/models").json()["data"]] == ["stories"], timeout=60)
-        answer = greedy(third)
+        answer = greedy(third.url)
         assert answer.headers["X-miLLM-Model"] == '"stories:restart:step-2";origin=checkpoint;commits=0'
-        assert text_of(answer) == base
+        assert text(answer) == base
 
 
 HOSTILE_NAMES = [["stories"], {"name": "stories"}, 7, True, "x" * 5000]
