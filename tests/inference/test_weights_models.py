@@ -5,7 +5,9 @@ after it continues the checkpoint's step numbers. Hostile field types are 400 in
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 
 import httpx
 import pytest
@@ -158,6 +160,22 @@ def test_a_restart_serves_the_checkpoint_the_model_served_and_a_save_continues_i
         answer = greedy(third.url)
         assert answer.headers["X-miLLM-Model"] == '"stories:restart:step-2";origin=checkpoint;commits=0'
         assert text(answer) == base
+
+
+def test_a_worker_restarted_after_a_crash_serves_the_checkpoint_again(server, api, stories_hf_dir):
+    secret = load_attachable(api, stories_hf_dir)
+    with WeightsClient(server.url, secret, model="stories") as client:
+        with client.write() as tensors:
+            tensors["model.norm.weight"].mul_(-1.0)
+        saved = client.save("crash")
+    trained = text(greedy(server.url))
+    (pid,) = server.worker_pids()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: [p for p in server.worker_pids() if p != pid], timeout=30)
+    wait_for(lambda: weights_call(server, "status?model=stories", method="GET").status == 200, timeout=60)
+    answer = greedy(server.url)
+    assert answer.headers["X-miLLM-Model"] == f'"{saved["name"]}";origin=checkpoint;commits=0'
+    assert text(answer) == trained
 
 
 HOSTILE_NAMES = [["stories"], {"name": "stories"}, 7, True, "x" * 5000]
