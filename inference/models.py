@@ -63,7 +63,9 @@ class CatalogModel(models.Model):
 
     `name` is the served id clients route on. `load_options` are the options a load of it uses (LoadOptions: the
     spec's load route's fields, 0 meaning the engine's default). An empty device means automatic (the first free
-    one). `autoload` rows are loaded by `serve` at start.
+    one). `autoload` rows are loaded by `serve` at start. `served_checkpoint` is the trainer checkpoint directory
+    whose weights the model serves since a save or a POST /api/weights/load (empty: its own `path`): every load of
+    the row (at start, on demand) loads that one, under the checkpoint's qualified name.
     """
 
     name = models.CharField(max_length=200, unique=True)
@@ -74,6 +76,7 @@ class CatalogModel(models.Model):
     load_options = LoadOptionsField()
     device = models.CharField(max_length=32, blank=True)
     autoload = models.BooleanField(default=True)
+    served_checkpoint = models.CharField(max_length=1024, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,12 +1,16 @@
 """The trainer's side of /api/weights: attach to the weights Pantheon serves, write them in place between quiesce and
 resume, save checkpoints, detach. Imports torch, httpx and the engine's handle code; never Django.
 
-    with WeightsClient("http://127.0.0.1:8000", token) as client:   # attaches; heartbeats on a thread
-        weights = client.tensors                                     # name -> tensor, views of the served storage
-        with client.write():                                         # quiesce, commit-begin ... commit-end, resume
+    with WeightsClient("http://127.0.0.1:8000", token, model="stories") as client:  # attaches; heartbeats
+        weights = client.tensors                      # name -> tensor, views of the served storage
+        with client.write():                          # quiesce, commit-begin ... commit-end, resume
             weights["model.norm.weight"].mul_(0.5)
-        client.save(run_id="run-1")                                  # checkpoints/run-1/step-1/
-                                                                     # detach (releasing the handles) on exit
+        client.save(run_id="run-1")                   # checkpoints/run-1/step-1/
+                                                      # detach (releasing the handles) on exit
+
+`model` names the served model every call is for (the body field `model`; `status()` and `lineage()` send it as the
+query parameter); without it the server picks its default, which exists only while one attachable model is served
+(docs/weights.md, "Which model a call is for").
 
 Each storage is rebuilt exactly once and every parameter is a view of it (inference/engine/weights/handles.py), so
 dropping `tensors` and detaching releases everything the attachment mapped. docs/weights.md has the whole story.
@@ -39,8 +43,9 @@ class WeightsCallFailed(Exception):
 
 
 class WeightsClient:
-    """One attachment. `attach()` (or entering the context) attaches and starts the heartbeat thread at the
-    interval the server suggests; `detach()` (or leaving it) drops the tensors, stops the heartbeats and detaches."""
+    """One attachment to `model` (its served name; "" for the server's default). `attach()` (or entering the
+    context) attaches and starts the heartbeat thread at the interval the server suggests; `detach()` (or leaving
+    it) drops the tensors, stops the heartbeats and detaches."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 120.0, model: str = ""):
         self._http = httpx.Client(
@@ -57,20 +62,37 @@ class WeightsClient:
     # -- the calls ------------------------------------------------------------------------------------------------
 
     def call(self, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """POST /api/weights/<route> as the holder; the response's `data`, or WeightsCallFailed."""
+        """POST /api/weights/<route> for `model` (as the holder once attached); the response's `data`, or
+        WeightsCallFailed."""
         headers = {ATTACHMENT_HEADER: self.attachment_id} if self.attachment_id else {}
-        response = self._http.post(f"/api/weights/{route}", json=body or {}, headers=headers)
+        body = {"model": self.model, **(body or {})} if self.model else body or {}
+        return self._data(self._http.post(f"/api/weights/{route}", json=body, headers=headers))
+
+    def _get(self, route: str) -> dict[str, Any]:
+        return self._data(self._http.get(f"/api/weights/{route}", params={"model": self.model} if self.model else {}))
+
+    @staticmethod
+    def _data(response: httpx.Response) -> dict[str, Any]:
         payload = response.json()
         if not payload.get("success"):
             raise WeightsCallFailed(response.status_code, payload.get("error") or {})
         return payload["data"]
 
     def status(self) -> dict[str, Any]:
-        return self._http.get("/api/weights/status").json()["data"]
+        """GET status of `model` (without one: the default's, and every served model's in `models`)."""
+        return self._get("status")
+
+    def lineage(self) -> list[dict[str, Any]]:
+        """The parent chain of `model`'s served weights: served, each checkpoint, the base model."""
+        return self._get("lineage")["chain"]
+
+    def load(self, checkpoint: str | int) -> dict[str, Any]:
+        """Writes a checkpoint (qualified name, id or directory) into `model`'s served weights in place."""
+        return self.call("load", {"checkpoint": checkpoint})
 
     def attach(self) -> dict[str, torch.Tensor]:
         """Attaches and maps the served parameters; returns them by Hugging Face name."""
-        data = self.call("attach", {"model": self.model} if self.model else {})
+        data = self.call("attach")
         self.attachment_id = data.pop("attachment_id")
         self.attached = data
         self.tensors = rebuild_parameters(data)
@@ -106,7 +128,8 @@ class WeightsClient:
             self.call("resume")
 
     def save(self, run_id: str, step: int | None = None) -> dict[str, Any]:
-        """Saves the served weights as checkpoints/<run_id>/step-<step>/ (default step: commits since load)."""
+        """Saves the served weights as checkpoints/<run_id>/step-<step>/ (default step: the lineage's next, the
+        loaded or last saved checkpoint's step plus the commits since)."""
         body: dict[str, Any] = {"run_id": run_id}
         if step is not None:
             body["step"] = step

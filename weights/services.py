@@ -10,7 +10,6 @@ the spec's order: the attachment id and label, then the state.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,18 +20,21 @@ from django.conf import settings
 from django.db import transaction
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.checkpoint import inspect_checkpoint
-from inference.engine.contract.weights import WeightsCall, WeightsOperation, WeightsSnapshot
+from inference.engine.contract.checkpoint import MANIFEST_FILE, CheckpointCorrupt, inspect_checkpoint, read_manifest
+from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsSnapshot
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError
 from inference.runtime.router import ModelRouter
 from inference.services.catalogue import do_catalogue_model
-from pantheon_site.errors import ManagementError
 from weights.errors import weights_error
+from weights.model_choice import attached_placement, call_placement
 from weights.models import Checkpoint
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+STEP_MAX = 2**31 - 1  # what Checkpoint.step holds
+ROW_ID_MAX = 2**63 - 1  # what a database id holds
+CHECKPOINT_REF_MAX = 1024  # Checkpoint.path's length; a name is shorter
 # A quiesce waits for its drain, a save and a load for their files: the worker answers when they end.
 SLOW_CALL_SLACK_S = 60.0
 
@@ -61,37 +63,6 @@ class CallRecord:
             self.attachment = snapshot.attachment.reference
 
 
-def attached_placement(router: ModelRouter) -> ModelPlacement | None:
-    """The served model an attachment holds (active or stale), if any."""
-    return next((pl for pl in router.placements().values() if pl.weights and pl.weights.attachment), None)
-
-
-def resident_placement(router: ModelRouter, name: str = "") -> ModelPlacement:
-    """The model a call is for: the attached one, else the named one, else the only one served (400
-    MODEL_NOT_LOADED when there is none, or several and none named)."""
-    if (held := attached_placement(router)) is not None:
-        return held
-    ready = {n: pl for n, pl in router.placements().items() if pl.state == "ready" and pl.weights is not None}
-    by_served = {pl.weights.served_name: pl for pl in ready.values()}
-    if name:
-        if (found := ready.get(name) or by_served.get(name)) is None:
-            raise weights_error("MODEL_NOT_LOADED", f"model {name!r} is not loaded")
-        return found
-    if len(ready) == 1:
-        return next(iter(ready.values()))
-    if not ready:
-        raise weights_error("MODEL_NOT_LOADED", "no model is loaded")
-    raise weights_error("MODEL_NOT_LOADED", f"several models are loaded ({', '.join(sorted(ready))}); name one")
-
-
-def status_placement(router: ModelRouter, name: str = "") -> ModelPlacement | None:
-    """The model GET /status describes: as `resident_placement`, or None when nothing is served."""
-    try:
-        return resident_placement(router, name)
-    except ManagementError:
-        return None
-
-
 async def call_barrier(
     router: ModelRouter,
     operation: WeightsOperation,
@@ -100,32 +71,44 @@ async def call_barrier(
     label: str,
     attachment_id: str | None = None,
     body: dict[str, Any] | None = None,
+    model: str = "",
     record: CallRecord,
 ) -> dict[str, Any]:
-    """One weights call, checked here and then by the model's barrier; returns the route's `data`. Raises the
-    ManagementError of a refusal."""
+    """One weights call for `model` ("": the default, weights/model_choice.py), checked here and then by the model's
+    barrier; returns the route's `data`. Raises the ManagementError of a refusal."""
     body = dict(body or {})
     if operation is WeightsOperation.ATTACH:
         async with _attach_lock:
-            placement = _attach_target(router, body.get("model", ""))
+            placement = _attach_target(router, model)
             data = await _forward(router, placement, operation, role, label, attachment_id, {}, record)
         data["model"]["model_id"] = await _catalogue_id(placement.weights.base_name)
         return data
     if operation is WeightsOperation.LOAD:
-        placement = resident_placement(router, body.get("model", ""))
+        placement = call_placement(router, model)
         target = await sync_to_async(_load_target)(body)
-        return await _forward(router, placement, operation, role, label, attachment_id, target, record)
-    placement = attached_placement(router)
-    if placement is None:
-        raise weights_error("NOT_ATTACHED", "nothing is attached")
-    if operation is WeightsOperation.SAVE:
-        body = _save_body(body)
+        data = await _forward(router, placement, operation, role, label, attachment_id, target, record)
+        await sync_to_async(_record_served)(router, placement.name, target)
+        return data
+    placement = _holder_placement(router, model)
+    # only a save's fields travel: the other holder calls take none
+    body = _save_body(body) if operation is WeightsOperation.SAVE else {}
     data = await _forward(router, placement, operation, role, label, attachment_id, body, record)
     if operation is WeightsOperation.SAVE:
         await sync_to_async(_record_checkpoint)(data, placement, label)
+        await sync_to_async(_record_served)(router, placement.name, _checkpoint_target_of(data))
     if operation is WeightsOperation.COMMIT_END:
         record.extra = {"elapsed_ms": data["commit_ms"], "steps": data["steps_since_load"]}
     return data
+
+
+def _holder_placement(router: ModelRouter, model: str) -> ModelPlacement:
+    """The attached model, which a holder call (and clear-stale) is for; a `model` it names must be that one."""
+    placement = attached_placement(router)
+    if placement is None:
+        raise weights_error("NOT_ATTACHED", "nothing is attached")
+    if model and model not in (placement.name, placement.weights.served_name):
+        raise weights_error("NOT_ATTACHED", f"nothing is attached to {model!r} ({placement.name!r} is attached)")
+    return placement
 
 
 def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
@@ -136,7 +119,7 @@ def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
             f"{info.role} {info.label!r} is attached ({info.state})",
             details={"role": info.role, "label": info.label, "state": info.state, "attached_at": info.attached_at},
         )
-    placement = resident_placement(router, name)
+    placement = call_placement(router, name)
     if any(pl.state != "ready" for pl in router.placements().values()) or router.loads_in_progress():
         raise weights_error("NOT_ATTACHABLE", "a load or an unload is in progress", reason="model_transition")
     return placement
@@ -171,21 +154,25 @@ def _save_body(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
         raise weights_error("INVALID_REQUEST", "run_id must be 1-100 letters, digits, '.', '_' or '-'")
     out: dict[str, Any] = {"run_id": run_id, "root": str(settings.PANTHEON_CHECKPOINT_DIR)}
-    if "step" in body:
+    if "step" in body:  # without it the barrier continues the lineage's numbering
         step = body["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise weights_error("INVALID_REQUEST", "step must be a non-negative integer")
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
+            raise weights_error("INVALID_REQUEST", f"step must be an integer from 0 to {STEP_MAX}")
         out["step"] = step
     return out
 
 
 def _load_target(body: dict[str, Any]) -> dict[str, Any]:
     """What POST /load writes in place: a checkpoint (by qualified name, id or directory; verified against its
-    manifest before anything is touched) or a catalogue row (`model_id`)."""
+    manifest before anything is touched) or a catalogue row (`model_id`). 400 INVALID_REQUEST for a field of the
+    wrong type, 404 CHECKPOINT_NOT_FOUND for one that names nothing."""
     if "model_id" in body:
-        row = CatalogModel.objects.filter(pk=body["model_id"]).first() if isinstance(body["model_id"], int) else None
+        row_id = body["model_id"]
+        if not isinstance(row_id, int) or isinstance(row_id, bool):
+            raise weights_error("INVALID_REQUEST", "model_id must be an integer: a catalogue row's id")
+        row = CatalogModel.objects.filter(pk=row_id).first() if 0 < row_id <= ROW_ID_MAX else None
         if row is None:
-            raise weights_error("CHECKPOINT_NOT_FOUND", f"no catalogue row has id {body['model_id']!r}")
+            raise weights_error("CHECKPOINT_NOT_FOUND", f"no catalogue row has id {row_id}")
         saved = Checkpoint.objects.filter(catalog=row).first()
         if saved is not None:
             return _checkpoint_target(saved)
@@ -193,21 +180,28 @@ def _load_target(body: dict[str, Any]) -> dict[str, Any]:
     wanted = body.get("checkpoint")
     if not isinstance(wanted, str | int) or isinstance(wanted, bool) or wanted == "":
         raise weights_error("INVALID_REQUEST", "give `checkpoint` (a qualified name, id or path) or `model_id`")
+    if isinstance(wanted, str) and ("\0" in wanted or len(wanted) > CHECKPOINT_REF_MAX):
+        message = f"`checkpoint` must be a name or a path: at most {CHECKPOINT_REF_MAX} characters, no NUL"
+        raise weights_error("INVALID_REQUEST", message)
     saved = Checkpoint.objects.filter(name=wanted).first() if isinstance(wanted, str) else None
-    if saved is None and (isinstance(wanted, int) or str(wanted).isdigit()):
+    if saved is None and (isinstance(wanted, int) or wanted.isdecimal()) and 0 < int(wanted) <= ROW_ID_MAX:
         saved = Checkpoint.objects.filter(pk=int(wanted)).first()
-    if saved is None and isinstance(wanted, str) and (Path(wanted) / "manifest.json").is_file():
-        saved = Checkpoint.objects.filter(path=str(Path(wanted).resolve())).first()
+    if saved is None and isinstance(wanted, str) and (directory := _checkpoint_dir(wanted)) is not None:
+        saved = Checkpoint.objects.filter(path=str(directory)).first()
         if saved is None:
-            return {
-                "path": str(Path(wanted).resolve()),
-                "served_name": _manifest_name(wanted),
-                "origin": "checkpoint",
-                "verify": True,
-            }
+            return _manifest_target(directory)
     if saved is None:
         raise weights_error("CHECKPOINT_NOT_FOUND", f"no checkpoint {wanted!r}")
     return _checkpoint_target(saved)
+
+
+def _checkpoint_dir(wanted: str) -> Path | None:
+    """`wanted` as a checkpoint directory (one with a manifest), or None; a path the system cannot even look at
+    (a name too long) is none."""
+    try:
+        return Path(wanted).resolve() if (Path(wanted) / MANIFEST_FILE).is_file() else None
+    except OSError:
+        return None
 
 
 def _checkpoint_target(saved: Checkpoint) -> dict[str, Any]:
@@ -217,12 +211,40 @@ def _checkpoint_target(saved: Checkpoint) -> dict[str, Any]:
         "origin": "checkpoint",
         "manifest_hash": saved.weights_sha256,
         "parent": saved.parent.name if saved.parent else None,
+        "step": saved.step,
         "verify": True,
     }
 
 
-def _manifest_name(directory: str) -> str:
-    return str(json.loads((Path(directory) / "manifest.json").read_text()).get("name") or Path(directory).name)
+def _manifest_target(directory: Path) -> dict[str, Any]:
+    """A checkpoint directory no row records (copied from elsewhere): what its manifest says."""
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointCorrupt as exc:
+        raise weights_error("CHECKPOINT_CORRUPT", str(exc)) from None
+    checkpoint = ServedCheckpoint.from_manifest(manifest)
+    return {
+        "path": str(directory),
+        "served_name": checkpoint.name or directory.name,
+        "origin": "checkpoint",
+        "step": checkpoint.step,
+        "verify": True,
+    }
+
+
+def _checkpoint_target_of(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A save's manifest as the load target it now is (what the served weights are)."""
+    return {"path": manifest["path"], "origin": "checkpoint"}
+
+
+def _record_served(router: ModelRouter, name: str, target: dict[str, Any]) -> None:
+    """What `name` serves since a save or a weights load, kept where a restart and a crash reload find it: the
+    catalogue row (the checkpoint directory; none when the row's own weights, or another model's, were loaded) and
+    the placement's load."""
+    checkpoint = target["path"] if target["origin"] == "checkpoint" else ""
+    CatalogModel.objects.filter(name=name).update(served_checkpoint=checkpoint)
+    served = ServedCheckpoint.from_manifest(read_manifest(checkpoint)) if checkpoint else None
+    router.client.serve_weights_from(name, target["path"], served)
 
 
 def _record_checkpoint(manifest: dict[str, Any], placement: ModelPlacement, label: str) -> None:

@@ -1,5 +1,9 @@
 """GET /api/weights/status and the weights summary of /api/health/detailed, from the barrier snapshots the control
-plane keeps: no token, no slot, no call to a worker. Neither ever holds the attachment id or a token."""
+plane keeps: no token, no slot, no call to a worker. Neither ever holds the attachment id or a token.
+
+A status answers for one model (`model`: its served name); without a model named, the top level is the default
+model's (weights/model_choice.py; the idle body when there is none) and `models` lists every served model's.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.router import ModelRouter
-from weights.services import status_placement
+from weights.model_choice import default_placement, served_placements
 from weights.times import iso, with_iso_times
 
 # Fields beyond the spec's table that only a resident model has: null while nothing is resident.
@@ -97,9 +101,20 @@ def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[s
     }
 
 
+def model_status(router: ModelRouter, placement: ModelPlacement | None) -> dict[str, Any]:
+    """The status of one served model (None: the idle body), with `model`, the served name it answers for."""
+    return {"model": placement.name if placement is not None else None, **status_body(router, placement)}
+
+
+def status_overview(router: ModelRouter) -> dict[str, Any]:
+    """GET status without a model: the default's status at the top level, and every served model's in `models`."""
+    models = [model_status(router, placement) for placement in served_placements(router).values()]
+    return {**model_status(router, default_placement(router)), "models": models}
+
+
 def health_summary(router: ModelRouter | None) -> dict[str, Any]:
-    """/api/health/detailed's weights block: the status route's names and values."""
-    placement = status_placement(router, "") if router is not None else None
+    """/api/health/detailed's weights block: the status route's names and values, for the default model."""
+    placement = default_placement(router) if router is not None else None
     w = placement.weights if placement is not None else None
     if w is None:
         return {"weights_state": "clean", "barrier": "serving", "attached": False, "attachment_state": None}

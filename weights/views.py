@@ -26,8 +26,9 @@ from pantheon_site.models import Outcome, Role
 from pantheon_site.tokens import aauthenticate_token
 from weights import services
 from weights.errors import weights_error
+from weights.model_choice import call_placement, named_placement, requested_model
 from weights.models import Checkpoint
-from weights.status import status_body
+from weights.status import model_status, status_overview
 from weights.times import with_iso_times
 
 ATTACHMENT_HEADER = "X-miLLM-Attachment"
@@ -80,6 +81,7 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
         token = await _token(request)
         _check_role(token, roles)
         body = _body(request)
+        model = requested_model(body.get("model"), request.GET.get("model"))
         attachment_id = request.headers.get(ATTACHMENT_HEADER) or None
         data = await services.call_barrier(
             get_router(),
@@ -88,6 +90,7 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
             label=token.label,
             attachment_id=attachment_id,
             body=body,
+            model=model,
             record=record,
         )
     except PantheonError as error:
@@ -149,16 +152,19 @@ load = _holder_route(WeightsOperation.LOAD)
 
 @only("GET")
 async def status(request):
-    """Anyone, no token, no slot: the barrier of the attached model (else the named or only one)."""
+    """Anyone, no token, no slot: the named model's barrier; without a name, the default's (weights/model_choice.py)
+    and every served model's in `models`."""
     router = get_router()
-    placement = services.status_placement(router, request.GET.get("model", ""))
-    return envelope(await sync_to_async(status_body)(router, placement))
+    model = requested_model(None, request.GET.get("model"))
+    if model:
+        return envelope(await sync_to_async(model_status)(router, named_placement(router, model)))
+    return envelope(await sync_to_async(status_overview)(router))
 
 
 @only("GET")
 async def lineage(request):
-    """The parent chain of the served weights, back to the base model."""
-    placement = services.resident_placement(get_router(), request.GET.get("model", ""))
+    """The parent chain of the served weights (the named model's, else the default's), back to the base model."""
+    placement = call_placement(get_router(), requested_model(None, request.GET.get("model")))
     return envelope({"chain": await sync_to_async(services.lineage)(placement.weights)})
 
 

@@ -15,6 +15,7 @@ from inference.runtime.router import get_router, installed_router
 from pantheon_site.errors import PantheonError
 from pantheon_site.models import Role
 from weights import services
+from weights.model_choice import default_placement
 from weights.models import Checkpoint
 from weights.status import status_body
 
@@ -37,7 +38,7 @@ def _panel() -> dict:
     router = installed_router()
     status = None
     if router is not None:
-        status = status_body(router, services.status_placement(router))
+        status = status_body(router, default_placement(router))
     return {"status": status, "tree": _checkpoint_tree(), "serving": router is not None}
 
 

@@ -6,7 +6,8 @@ also every completion's `usage.kv_cap`); the `*_configured` ones from the load o
 yet (a model still loading) is left out rather than reported as 0. The operator rows carry `graphs`, how the decode
 step runs (compiled or CUDA graphs per batch-size bucket, or eager, and why when a compile fell back: the worker's
 live answer, else the load's); its fields are Pantheon's own, not the spec's graph-slot counts (docs/api/).
-`attention` is omitted: the engine has a single attention path.
+`attention` is omitted: the engine has a single attention path. `served_weights` says which weights answer, as
+X-miLLM-Model does: a trainer checkpoint's qualified name once one is saved or loaded, also after a restart.
 """
 
 from __future__ import annotations
@@ -75,6 +76,16 @@ def graphs_fields(graphs: p.DecodeGraphs | None) -> dict[str, Any] | None:
             "fallback_reason": graphs.fallback_reason}  # fmt: skip
 
 
+def served_weights_fields(placement: ModelPlacement) -> dict[str, Any] | None:
+    """The `served_weights` object: the name the weights answer under, their origin (model or checkpoint), the
+    commits since and how many of those no checkpoint records (None until the worker reported its barrier)."""
+    weights = placement.weights
+    if weights is None:
+        return None
+    return {"name": weights.served_name, "origin": weights.origin, "commits": weights.commits,
+            "unsaved_commits": weights.unsaved_commits}  # fmt: skip
+
+
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
     current occupancy (running, waiting, slots) and the KV pool's (blocks total, free, cached, pinned by sessions,
@@ -109,6 +120,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "quantize": options.quantize,
         "compile": options.compile,
         "graphs": graphs_fields(live.graphs if live else info.graphs if info else None),
+        "served_weights": served_weights_fields(placement),
         "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
         "load_progress": load_progress_fields(placement.load_progress),
     }

@@ -351,6 +351,8 @@ class Worker:
             hosted.barrier = WeightsBarrier(
                 ServedWeights(hosted, attachable_load=req.limits.attachable), req.limits.weights_timers, self.loader
             )
+            if req.checkpoint is not None:
+                hosted.barrier.serve_checkpoint(req.checkpoint)
             self.models[req.name] = hosted
             self.freeze()
             self.send(hosted.loaded(req, pending.started))

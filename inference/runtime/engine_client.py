@@ -36,7 +36,7 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.io_threads import batch_io_threads
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.reasons import Reason
-from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
+from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
 from inference.runtime.generation import EngineError, Generation, WorkerDied
 
 logger = logging.getLogger("pantheon.engine_client")
@@ -94,7 +94,10 @@ class EngineClient(Protocol):
         limits: ServingLimits = ...,
         device: str | None = None,
         timeout: float | None = None,
+        checkpoint: ServedCheckpoint | None = None,
     ) -> p.Loaded: ...
+
+    def serve_weights_from(self, name: str, path: str, checkpoint: ServedCheckpoint | None) -> None: ...
 
     async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded: ...
 
@@ -218,9 +221,11 @@ class ZmqEngineClient:
         limits: ServingLimits = ServingLimits(),
         device: str | None = None,
         timeout: float | None = None,
+        checkpoint: ServedCheckpoint | None = None,
     ) -> p.Loaded:
         """Loads a checkpoint on `device` (default: a GPU worker with the fewest models, else cpu) with the
-        operator's `options`, served within `limits`. Raises EngineError (a load reason) or WorkerDied."""
+        operator's `options`, served within `limits`; `checkpoint` when `path` is a trainer's saved checkpoint the
+        weights answer as. Raises EngineError (a load reason) or WorkerDied."""
         if name in self._models:
             state = self._models[name].state
             message = f"model {name!r} is already {'loaded' if state == 'ready' else state}"
@@ -228,10 +233,19 @@ class ZmqEngineClient:
         device = device or self._default_device()
         if device not in self._workers:
             raise EngineError(f"no worker runs on device {device!r}", Reason.NO_WORKER)
-        load = p.Load(request_id=_new_id(), name=name, path=str(path), options=options, limits=limits)
+        load = p.Load(
+            request_id=_new_id(), name=name, path=str(path), options=options, limits=limits, checkpoint=checkpoint
+        )
         placement = ModelPlacement(name, device, "loading", load)
         self._models[name] = placement
         return await self._load(placement, timeout)
+
+    def serve_weights_from(self, name: str, path: str, checkpoint: ServedCheckpoint | None) -> None:
+        """The weights of `name` were written in place from `path` (POST /api/weights/load, or a save): a reload
+        after a crash loads those, not the files it was first loaded from."""
+        placement = self._models.get(name)
+        if placement is not None:
+            placement.load = msgspec.structs.replace(placement.load, path=path, checkpoint=checkpoint)
 
     async def reload(self, name: str, *, timeout: float | None = None) -> p.Loaded:
         """Loads a "reloading" model again, with the options it was first loaded with."""

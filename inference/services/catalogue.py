@@ -41,8 +41,8 @@ def do_catalogue_model(
     name: str, checkpoint: Checkpoint, options: LoadOptions, *, device: str = "", architecture: str = ""
 ) -> CatalogModel:
     """Makes `name` the catalogue entry for `checkpoint` loaded with `options` on `device` ("": automatic),
-    created or replaced, and marked autoload. `architecture` is the worker's word for it when a load ran (else what
-    the checkpoint says)."""
+    created or replaced, and marked autoload, serving the checkpoint's own weights (no trainer checkpoint in their
+    place). `architecture` is the worker's word for it when a load ran (else what the checkpoint says)."""
     architecture_length = CatalogModel._meta.get_field("architecture").max_length
     model, _ = CatalogModel.objects.update_or_create(
         name=name,
@@ -54,6 +54,7 @@ def do_catalogue_model(
             "load_options": options,
             "device": device,
             "autoload": True,
+            "served_checkpoint": "",
         },
     )
     return model

@@ -25,9 +25,9 @@ from django.utils import timezone
 from inference.api.model_rows import admin_model_row
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
-from inference.engine.contract.checkpoint import Checkpoint
+from inference.engine.contract.checkpoint import Checkpoint, CheckpointCorrupt, read_manifest
 from inference.engine.contract.params import LoadOptions, ServingLimits
-from inference.engine.contract.weights import WeightsTimers
+from inference.engine.contract.weights import ServedCheckpoint, WeightsTimers
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
 from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
@@ -41,7 +41,8 @@ logger = logging.getLogger("pantheon.models")
 
 @dataclass(slots=True)
 class LoadRequest:
-    """What to load: a checkpoint path, the served name (default: the file or directory name), where, and how.
+    """What to load: a checkpoint path, the served name (default: the file or directory name), where, and how;
+    `checkpoint` when the path is the trainer checkpoint a catalogue row serves (its weights answer as it).
     `options` are the LoadOptions fields the caller named; the others keep the catalogue entry's saved values
     (`catalogued_options`)."""
 
@@ -50,6 +51,7 @@ class LoadRequest:
     device: str = ""  # "" : a GPU worker with the fewest models, else cpu
     dies: list[int] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    checkpoint: ServedCheckpoint | None = None
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> LoadRequest:
@@ -59,7 +61,21 @@ class LoadRequest:
 
     @classmethod
     def from_catalog(cls, model: CatalogModel) -> LoadRequest:
-        return cls(model.path, model.name, model.device, [], msgspec.structs.asdict(model.load_options))
+        """The row's load: of the checkpoint it serves when it records one (LoadFailed when that one is gone: the
+        base weights are not served in its place without a word), else of its own path."""
+        options = msgspec.structs.asdict(model.load_options)
+        if not model.served_checkpoint:
+            return cls(model.path, model.name, model.device, [], options)
+        try:
+            checkpoint = ServedCheckpoint.from_manifest(read_manifest(model.served_checkpoint))
+        except CheckpointCorrupt as exc:
+            raise LoadFailed(
+                f"{model.name!r} serves the checkpoint {model.served_checkpoint}, which cannot be read ({exc}); load "
+                "the weights it should serve with POST /admin/models/load",
+                status=404,
+                reason="checkpoint_not_found",
+            ) from None
+        return cls(model.served_checkpoint, model.name, model.device, [], options, checkpoint)
 
 
 async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: bool = True) -> dict[str, Any]:
@@ -88,7 +104,13 @@ async def _load(
     limits = serving_limits(options, attachable=await trainer_tokens.aexists())
     try:
         loaded = await client.load(
-            name, info.path, options=options, limits=limits, device=device, timeout=settings.PANTHEON_LOAD_TIMEOUT_S
+            name,
+            info.path,
+            options=options,
+            limits=limits,
+            device=device,
+            timeout=settings.PANTHEON_LOAD_TIMEOUT_S,
+            checkpoint=request.checkpoint,
         )
     except EngineError as exc:
         raise _as_load_failure(exc) from exc

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.weights import WeightsCall, WeightsOperation, WeightsTimers
+from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsTimers
 from inference.engine.weights.barrier import ShapeMismatch, WeightsBarrier
 
 Op = WeightsOperation
@@ -97,7 +97,8 @@ class FakeModel:
 
     def save(self, body, parent, base_name):
         step = body["step"]
-        return {"name": f"{base_name}:{body['run_id']}:step-{step}", "weights_sha256": "ab" * 32, "path": "/x"}
+        name = f"{base_name}:{body['run_id']}:step-{step}"
+        return {"name": name, "step": step, "weights_sha256": "ab" * 32, "path": "/x"}
 
     def read_checkpoint(self, body):
         if body.get("mismatch"):
@@ -343,6 +344,50 @@ def test_a_save_records_the_commits_and_renames_the_served_weights(rig):
     snap = barrier.snapshot()
     assert (snap.unsaved_commits, snap.served_name, snap.origin, snap.commits) == (0, "m:r:step-2", "checkpoint", 0)
     assert snap.last_save["checkpoint_sha256"] == "ab" * 32
+
+
+def cycle(barrier, aid: str) -> None:
+    """One commit: quiesce, commit-begin, commit-end, resume."""
+    for op in (Op.QUIESCE, Op.COMMIT_BEGIN, Op.COMMIT_END, Op.RESUME):
+        ok(call(barrier, op, aid))
+
+
+def test_a_save_after_a_checkpoint_load_continues_its_step_numbers(rig):
+    barrier, model, clock = rig
+    aid = attached(barrier)
+    for _ in range(3):
+        cycle(barrier, aid)
+    assert ok(run(barrier, Op.SAVE, aid, run_id="r")[0])["name"] == "m:r:step-3"
+    cycle(barrier, aid)
+    assert ok(run(barrier, Op.SAVE, aid, run_id="r")[0])["name"] == "m:r:step-4"  # saved, then one commit more
+    # back to step 3: its next commit is step 4 again (saved: CHECKPOINT_EXISTS is the trainer's to resolve), two
+    # commits make step 5, where the counter since load alone would say 2 and collide with nothing of this lineage
+    loaded = run(barrier, Op.LOAD, path="/c", served_name="m:r:step-3", origin="checkpoint", step=3)
+    assert ok(loaded[-1])["steps_since_load"] == 0
+    for _ in range(2):
+        cycle(barrier, aid)
+    assert ok(run(barrier, Op.SAVE, aid, run_id="r")[0])["name"] == "m:r:step-5"
+    # the base model's weights again: numbering starts over from its commits
+    ok(run(barrier, Op.LOAD, path="/m", served_name="m", origin="model")[-1])
+    cycle(barrier, aid)
+    assert ok(run(barrier, Op.SAVE, aid, run_id="base")[0])["name"] == "m:base:step-1"
+
+
+def test_weights_loaded_as_a_checkpoint_answer_under_its_name_and_continue_its_steps(rig):
+    barrier, model, clock = rig
+    barrier.serve_checkpoint(ServedCheckpoint(name="m:r:step-7", manifest_hash="cd" * 32, step=7))
+    snap = barrier.snapshot()
+    assert (snap.served_name, snap.base_name, snap.origin, snap.manifest_hash) == (
+        "m:r:step-7",
+        "m",
+        "checkpoint",
+        "cd" * 32,
+    )
+    aid = attached(barrier)
+    cycle(barrier, aid)
+    saved = ok(run(barrier, Op.SAVE, aid, run_id="r")[0])
+    assert saved["name"] == "m:r:step-8"
+    assert barrier.parent == "m:r:step-8"
 
 
 class Deferred:

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer, expected_hf_shapes
 from inference.engine.weights.checkpoint_files import (
-    CheckpointCorrupt,
     CheckpointExists,
     read_weights,
     save_checkpoint,

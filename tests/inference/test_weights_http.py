@@ -216,6 +216,21 @@ def test_the_served_weights_are_named_on_every_response(server, holder):
     assert "usage" in chunks[-1] and chunks[-1]["millm_model"] == '"stories";origin=model;commits=1'
 
 
+def test_a_session_exported_before_a_commit_no_longer_restores(server, api, holder):
+    """A trainer's commit gives the weights a new version: KV computed on the old weights is refused (409), not
+    restored. The same blob restores before the commit, so the version is all that differs."""
+    chat(api, "stories", PROMPT, session_id="before")
+    exported = api.post("/admin/session/export", json={"name": "stories", "session_id": "before"})
+    assert exported.status_code == 200, exported.text
+    blob = {"name": "stories", "blob": exported.json()["blob_b64"], "tokens": exported.json()["tokens"]}
+    assert api.post("/session/restore", json={**blob, "session_id": "copy"}).status_code == 200
+    holder.attach()
+    commit(holder)
+    refused = api.post("/session/restore", json={**blob, "session_id": "after"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["type"] == "weights_version_mismatch"
+
+
 def test_unsaved_commits_refuse_an_auto_load_until_a_save(server, api, holder, stories_hf_dir):
     load(api, stories_hf_dir, "other")
     unload(api, "other")  # catalogued, not loaded: a /v1 request naming it loads it

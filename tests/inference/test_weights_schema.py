@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.inference.serving import operator_client, wait_for
 from tests.inference.weights_calls import Answer, Holder, load_attachable, new_token, weights_call
 from weights.schema_check import routes, validate_health_detailed, validate_weights_response
 
@@ -109,23 +110,24 @@ def test_one_cycle_answers_as_the_schema_says(server, api, stories_hf_dir):
     assert refused.error == (409, "NOT_ATTACHED", None)
     check.status()
 
-    # every route of the schema was answered for real, except clear-stale's success (it needs a stale attachment:
-    # test_weights_timers.py makes one; its data is checked against the schema below from the barrier's own shape)
+    # every route of the schema was answered for real, except clear-stale's success: it needs a stale attachment,
+    # which the next test makes on a server of its own
     assert set(routes()) - check.seen == {"POST /api/weights/clear-stale"}
     assert check.health()["weights"]["attached"] is False
 
 
-def test_clear_stale_data_as_the_barrier_returns_it():
-    body = {
-        "success": True,
-        "data": {
-            "cleared": {"role": "trainer", "label": "trainer", "stale_since": "2026-10-17T00:00:30.500000+00:00"},
-            "weights_state": "clean",
-            "barrier": "serving",
-        },
-        "error": None,
-    }
-    validate_weights_response("POST /api/weights/clear-stale", body)
+def test_clear_stale_answers_as_the_schema_says(start_server, operator_token, stories_hf_dir):
+    # a heartbeat timeout short enough to wait for: the holder below never sends one
+    stale_soon = start_server(WEIGHTS_HEARTBEAT_TIMEOUT_S="1", WEIGHTS_HEARTBEAT_INTERVAL_HINT_S="0.5")
+    check = Checked(stale_soon)
+    with operator_client(stale_soon, operator_token) as api:
+        holder = Holder(stale_soon, load_attachable(api, stories_hf_dir))
+        holder.attach()
+        wait_for(lambda: check.status()["attachment"]["state"] == "stale")
+        cleared = check("POST clear-stale", weights_call(stale_soon, "clear-stale", operator_token)).data
+        assert cleared["cleared"]["label"] == "trainer" and cleared["cleared"]["stale_since"] is not None
+        assert check.status()["attached"] is False
+    assert check.seen == {"GET /api/weights/status", "POST /api/weights/clear-stale"}
 
 
 GOOD_STATUS = {
@@ -148,6 +150,7 @@ GOOD_STATUS = {
         "adapter": {"applied": False, "name": None},
         "cuda_memory": None,
         "exports_since_start": 0,
+        "model": None,
         **dict.fromkeys(
             (
                 "served_name",
@@ -178,6 +181,7 @@ GOOD_QUIESCE = {
     "error": None,
 }
 RESIDENT = {
+    "model": "stories",
     "resident_model": {"model_id": 1, "name": "stories", "manifest_hash": None},
     "served_name": "stories",
     "origin": "model",
@@ -191,6 +195,7 @@ RESIDENT = {
     "forward_steps": 0,
 }
 GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDENT}}
+GOOD_OVERVIEW = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], "models": [GOOD_RESIDENT_STATUS["data"]]}}
 
 
 @pytest.mark.parametrize(
@@ -204,6 +209,8 @@ GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDEN
         ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].pop("served_name")),
         ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].update(steps_since_load=None)),
         ("GET /api/weights/status", GOOD_RESIDENT_STATUS, lambda b: b["data"].update(origin="lora")),
+        ("GET /api/weights/status", GOOD_OVERVIEW, lambda b: b["data"]["models"][0].update(model=None)),
+        ("GET /api/weights/status", GOOD_OVERVIEW, lambda b: b["data"]["models"][0].pop("unsaved_commits")),
         (
             "POST /api/weights/quiesce",
             GOOD_QUIESCE,
@@ -228,6 +235,8 @@ GOOD_RESIDENT_STATUS = {**GOOD_STATUS, "data": {**GOOD_STATUS["data"], **RESIDEN
         "resident_without_served_name",
         "resident_steps_null",
         "origin",
+        "a_listed_model_without_its_name",
+        "a_listed_model_without_unsaved_commits",
         "epoch_in_quiesce",
         "error_reason_type",
     ],

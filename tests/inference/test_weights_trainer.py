@@ -9,28 +9,15 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from tests.inference.serving import REPO_ROOT, operator_client, wait_for
 from tests.inference.session_turns import load
-from tests.inference.weights_calls import new_token, status, weights_call
+from tests.inference.weights_calls import greedy, new_token, status, text, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROMPT = [{"role": "user", "content": "Once upon a time"}]
 HELD = 4  # requests sent while the trainer holds the barrier
-
-
-def greedy(url: str) -> httpx.Response:
-    body = {"model": "stories", "messages": PROMPT, "temperature": 0, "max_tokens": 24}
-    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response
-
-
-def text(response: httpx.Response) -> str:
-    return response.json()["choices"][0]["message"]["content"]
 
 
 class Trainer:

@@ -11,6 +11,7 @@ from tests.inference.serving import PantheonServer, bearer
 from tests.inference.session_turns import load
 
 EOS = 2  # stories260K's end of sequence: banned with logit_bias where a test needs long decodes
+PROMPT = [{"role": "user", "content": "Once upon a time"}]
 
 
 @dataclass
@@ -85,3 +86,15 @@ def load_attachable(api: httpx.Client, path, name: str = "stories", label: str =
     secret = new_token("trainer", label)
     load(api, path, name)
     return secret
+
+
+def greedy(url: str) -> httpx.Response:
+    """A greedy chat completion from "stories" (its X-miLLM-Model says which weights answered)."""
+    body = {"model": "stories", "messages": PROMPT, "temperature": 0, "max_tokens": 24}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def text(response: httpx.Response) -> str:
+    return response.json()["choices"][0]["message"]["content"]

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 GGUF_MAGIC = b"GGUF"
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
+MANIFEST_FILE = "manifest.json"  # what makes a directory a trainer's saved checkpoint (engine/weights/)
 
 Format = Literal["hf", "gguf"]
 Why = Literal["not_found", "not_a_checkpoint", "unreadable"]  # why a path is not a checkpoint
@@ -31,6 +32,10 @@ class NotACheckpoint(Exception):
         self.reason = reason
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+
+class CheckpointCorrupt(ValueError):
+    """A trainer checkpoint's manifest is missing or unreadable, or its weights are not the ones it recorded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +104,18 @@ def _gguf_architecture(path: Path) -> str:
         return str(field.contents()) if field is not None else ""
     except Exception:  # a damaged file: the loader names the problem when the load runs
         return ""
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """A trainer checkpoint directory's manifest, unchecked against its weights; CheckpointCorrupt when it is
+    missing or not a JSON object with a weights_sha256."""
+    file = Path(directory) / MANIFEST_FILE
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointCorrupt(f"{file}: no manifest, so this is not a saved checkpoint") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointCorrupt(f"{file}: unreadable manifest: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("weights_sha256"), str):
+        raise CheckpointCorrupt(f"{file}: not a manifest (no weights_sha256)")
+    return manifest

@@ -27,7 +27,7 @@ import msgspec
 from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
-from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
+from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
 
 
 class ProtocolError(ValueError):
@@ -92,13 +92,15 @@ class Abort(Message, tag="A"):
 
 class Load(Message, tag="L"):
     """Load a checkpoint under a served name with the operator's options, served within `limits`. Answered by
-    LOADED or ERROR (a load reason: checkpoint_not_found, bad_checkpoint, out_of_memory, already_loaded, ...)."""
+    LOADED or ERROR (a load reason: checkpoint_not_found, bad_checkpoint, out_of_memory, already_loaded, ...).
+    `checkpoint`: `path` is a trainer's saved checkpoint that the weights answer as (its qualified name)."""
 
     request_id: str
     name: str
     path: str
     options: LoadOptions = LoadOptions()
     limits: ServingLimits = ServingLimits()
+    checkpoint: ServedCheckpoint | None = None
 
 
 class Unload(Message, tag="U"):

@@ -56,6 +56,26 @@ class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError("heartbeat_interval_hint_s must be positive and below heartbeat_timeout_s")
 
 
+class ServedCheckpoint(msgspec.Struct, array_like=True, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The trainer checkpoint a LOAD serves (its manifest's qualified name, weights_sha256 and step): the barrier
+    answers under that name from the start, as after POST /api/weights/load of it, and a save continues its step
+    numbers. Sent when the catalogue row records the checkpoint its model serves (a restart, a reload)."""
+
+    name: str
+    manifest_hash: str
+    step: int = 0
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any]) -> ServedCheckpoint:
+        """From a checkpoint's manifest.json (contract/checkpoint.py read_manifest)."""
+        step = manifest.get("step")
+        return cls(
+            name=str(manifest.get("name") or ""),
+            manifest_hash=manifest["weights_sha256"],
+            step=step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0,
+        )
+
+
 class AttachmentInfo(msgspec.Struct, array_like=True, kw_only=True):
     """The attachment as anyone may see it: never its id."""
 

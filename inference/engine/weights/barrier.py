@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from inference.engine.contract import messages as p
 from inference.engine.contract.weights import (
     AttachmentInfo,
+    ServedCheckpoint,
     WeightsCall,
     WeightsOperation,
     WeightsSnapshot,
@@ -152,6 +153,11 @@ class WeightsBarrier:
         self.commits: int | None = 0
         self.manifest_hash: str | None = None
         self.parent: str | None = None  # the qualified name of the checkpoint the served weights descend from
+        self.parent_step = 0  # that checkpoint's step (0: none), where a save's default step number continues
+
+    def serve_checkpoint(self, checkpoint: ServedCheckpoint) -> None:
+        """The weights were loaded from `checkpoint` (a trainer's save): they answer under its qualified name."""
+        self._name_weights(checkpoint.name, "checkpoint", checkpoint.manifest_hash, checkpoint.step)
 
     # -- calls ----------------------------------------------------------------------------------------------------
 
@@ -356,7 +362,7 @@ class WeightsBarrier:
         if self.transition is not None or self.quiescing is not None:
             raise Refusal("PAUSE_IN_PROGRESS", "a quiesce, save or load is in progress")
         body = dict(call.body)
-        body.setdefault("step", self.steps_since_load)
+        body.setdefault("step", self.parent_step + (self.commits or 0))  # the lineage's next number
         pending = Pending(request_id, WeightsOperation.SAVE, body=body, phase="save")
         pending.future = self.executor.submit(self.host.save, body, self.parent, self.base_name)
         self.transition = pending
@@ -449,7 +455,7 @@ class WeightsBarrier:
                 "at": self.wall(),
                 "path": manifest["path"],
             }
-            self._name_weights(manifest["name"], "checkpoint", manifest["weights_sha256"])
+            self._name_weights(manifest["name"], "checkpoint", manifest["weights_sha256"], manifest["step"])
             return [self.reply(pending.request_id, manifest)]
         if pending.phase == "read":
             if failure is not None:
@@ -472,8 +478,9 @@ class WeightsBarrier:
         self.weights_state, self.commit = "clean", None
         self.steps_since_load = self.saved_steps = 0
         body = pending.body
-        self.parent = body.get("parent")
-        self._name_weights(body["served_name"], body.get("origin", "model"), body.get("manifest_hash"))
+        self.parent, self.parent_step = body.get("parent"), 0
+        origin = body.get("origin", "model")
+        self._name_weights(body["served_name"], origin, body.get("manifest_hash"), body.get("step", 0))
         self._end_pause(pending)
         return [
             self.reply(
@@ -487,10 +494,11 @@ class WeightsBarrier:
         elif self.barrier == "quiesced":
             self.hold_deadline = self.clock() + self.timers.hold_timeout_s
 
-    def _name_weights(self, served_name: str, origin: str, manifest_hash: str | None) -> None:
-        """The served weights now answer under `served_name`; commits count again from here."""
+    def _name_weights(self, served_name: str, origin: str, manifest_hash: str | None, step: int = 0) -> None:
+        """The served weights now answer under `served_name` (a checkpoint's: saved or loaded as step `step`);
+        commits count again from here."""
         if origin == "checkpoint":
-            self.parent = served_name
+            self.parent, self.parent_step = served_name, step
         self.served_name, self.origin, self.manifest_hash, self.commits = served_name, origin, manifest_hash, 0
 
     def _tear(self) -> list[p.Message]:

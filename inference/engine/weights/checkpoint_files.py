@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from inference.engine.contract.checkpoint import MANIFEST_FILE, CheckpointCorrupt, read_manifest
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.weights.parameter_views import ParameterViews
 
-WEIGHTS_FILE, MANIFEST_FILE, LATEST = "model.safetensors", "manifest.json", "latest"
+WEIGHTS_FILE, LATEST = "model.safetensors", "latest"
 # What the loader and the tokenizer read besides the weights; copied when the source has them.
 SOURCE_FILES = (
     "config.json",
@@ -46,10 +47,6 @@ CHUNK = 1 << 20
 
 class CheckpointExists(FileExistsError):
     """The step was already saved; a checkpoint is never overwritten."""
-
-
-class CheckpointCorrupt(ValueError):
-    """A checkpoint directory's manifest is missing or unreadable, or its weights are not the ones it recorded."""
 
 
 def save_checkpoint(
@@ -136,20 +133,6 @@ def file_sha256(path: Path) -> str:
         while chunk := file.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """A checkpoint directory's manifest, unchecked; CheckpointCorrupt when it is missing or not a JSON object."""
-    file = Path(directory) / MANIFEST_FILE
-    try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise CheckpointCorrupt(f"{file}: no manifest, so this is not a saved checkpoint") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointCorrupt(f"{file}: unreadable manifest: {exc}") from exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("weights_sha256"), str):
-        raise CheckpointCorrupt(f"{file}: not a manifest (no weights_sha256)")
-    return manifest
 
 
 def verify_checkpoint(directory: Path) -> dict[str, Any]:

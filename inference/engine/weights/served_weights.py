@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.contract.reasons import Reason
 from inference.engine.weights.barrier import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
-    CheckpointCorrupt,
     CheckpointExists,
     read_weights,
     save_checkpoint,
