@@ -339,4 +339,8 @@ def handler404(request, exception=None):
 
 
 def handler500(request):
+    """An exception no view mapped: 500, in the envelope of the route's family (the management one under
+    /api/weights/, where a trainer's client reads `success` and `error.code`)."""
+    if request.path.startswith(MANAGEMENT_PREFIX):
+        return error_response(ManagementError("INTERNAL", "internal server error", status=500))
     return render_error(request, ServerError("internal server error"))

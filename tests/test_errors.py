@@ -42,6 +42,7 @@ def body_view(request):
 urlpatterns = [
     path("drf", drf_view),
     path("fail/<str:kind>", async_view),
+    path("api/weights/fail/<str:kind>", async_view),
     path("body", body_view),
 ]
 
@@ -100,6 +101,15 @@ async def test_an_unexpected_exception_is_a_500_server_error(async_client):
     response = await async_client.get("/fail/crash")
     assert response.status_code == 500
     assert envelope(response)["type"] == "server_error"
+    assert "boom" not in response.content.decode()
+
+
+async def test_an_unexpected_exception_under_the_weights_api_is_a_500_in_its_envelope(async_client):
+    async_client.raise_request_exception = False
+    response = await async_client.get("/api/weights/fail/crash")
+    assert response.status_code == 500
+    body = response.json()
+    assert body["success"] is False and body["data"] is None and body["error"]["code"] == "INTERNAL"
     assert "boom" not in response.content.decode()
 
 
