@@ -4,9 +4,10 @@
 llguidance writes a schema's numbers as an unbounded regex (`-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?`, and
 `(\\.[0-9]+)?` even between a minimum and a maximum) and has no option that bounds them, so a model that keeps
 choosing digits writes one number until max_tokens runs out. Here a number has at most `INTEGRAL_DIGITS` integral
-and `FRACTION_DIGITS` fractional digits and an exponent of at most `EXPONENT_DIGITS` digits, as llama.cpp's
-json-schema grammar bounds them (its exponent may have 16 digits; more than 3 only ever overflows a double to
-infinity or rounds it to 0); a schema's minimum and maximum bound it tighter (fewer integral digits where they imply
+and `FRACTION_DIGITS` fractional digits, as llama.cpp's json-schema grammar bounds them, and an exponent of at most
+`EXPONENT_DIGITS` digits (llama.cpp allows 16): every number allowed is then a finite double, the largest about
+1e115, where a 3-digit exponent could overflow to infinity, which JSON cannot write back (a parsed call's arguments
+are serialized again). A schema's minimum and maximum bound it tighter (fewer integral digits where they imply
 them, and then no exponent, as llguidance writes a bounded number). An integer, and a number with `multipleOf`
 (whose decimals bound its fraction), stays llguidance's with a minimum and maximum added where the schema has none.
 
@@ -27,7 +28,7 @@ from typing import Any
 
 INTEGRAL_DIGITS = 16
 FRACTION_DIGITS = 16
-EXPONENT_DIGITS = 3
+EXPONENT_DIGITS = 2
 
 # The layout every constrained JSON is written in: Python's json.dumps separators and no other whitespace (free
 # whitespace lets a model wander in blank space without closing anything); `lenient`: keywords llguidance cannot
