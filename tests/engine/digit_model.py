@@ -31,6 +31,16 @@ def digit_loving_logits(tokenizer: Tokenizer, seed: int = 0) -> torch.Tensor:
     return logits
 
 
+def digit_bias(tokenizer: Tokenizer, bias: float = 30.0) -> dict[str, float]:
+    """A request's `logit_bias` that makes a random-weight model love digits as above: every token made of the
+    digits 1 to 9 (a number that starts with 0 ends at once)."""
+    return {
+        str(token): bias
+        for token in range(tokenizer.vocab_size)
+        if (text := tokenizer.decode([token])).isdigit() and "0" not in text
+    }
+
+
 def write_under(grammar: str, tokenizer: Tokenizer, *, budget: int, seed: int = 0) -> tuple[str, bool]:
     """The text the digit-loving model writes under `grammar` (llguidance's grammar JSON) and whether it ended (EOS)
     within `budget` tokens."""
