@@ -21,17 +21,7 @@ from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, format_call
 from inference.engine.tool_grammar import tool_call_grammar
 from tests.engine.digit_model import BOUNDED_NUMBER, digit_runs, numbers_in, write_under
-from tests.tool_schemas import SCHEMAS, TOOLS
-
-MEASURE = {  # numbers only, unbounded but for `ratio`
-    "type": "object",
-    "properties": {
-        "length": {"type": "number"},
-        "count": {"type": "integer"},
-        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
-    },
-    "required": ["length", "count", "ratio"],
-}
+from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +121,7 @@ def test_random_logits_under_required_always_give_a_valid_call(demo_tokenizer, d
 def test_a_model_that_always_writes_digits_completes_a_compelled_call_with_bounded_numbers(tokenizer, dialect):
     """Each number ends at 16 integral digits (16 fractional, a 2-digit exponent; fewer where the schema's maximum
     says so), however much the model wants another digit, so the call completes, every number a finite double."""
-    tools = [{"type": "function", "function": {"name": "measure", "parameters": MEASURE}}]
+    tools = [MEASURE_TOOL]
     compiler, single = compiler_and_tokens(tokenizer, dialect)
     grammar = tool_call_grammar(dialect, tools, mode="required", function="measure", single_tokens=single)
     text, ended = write_under(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer, budget=400)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.inference.serving import sse_events
 from tests.inference.session_turns import error_of, load
-from tests.tool_schemas import SCHEMAS, TOOLS
+from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -222,19 +222,6 @@ def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_
     assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 20 for e in entries)
     _, [parsed], _ = parse_tool_calls("hermes", TOOLS, "".join(e["token"] for e in entries))
     assert (parsed.name, parsed.arguments) == (call["function"]["name"], call["function"]["arguments"])
-
-
-MEASURE = {
-    "type": "object",
-    "properties": {
-        "length": {"type": "number"},
-        "count": {"type": "integer"},
-        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
-    },
-    "required": ["length", "count", "ratio"],
-    "additionalProperties": False,
-}
-MEASURE_TOOL = {"type": "function", "function": {"name": "measure", "description": "Measure", "parameters": MEASURE}}
 
 
 def demo_variant(demo_dir, directory, **tokenizer_config) -> object:
