@@ -81,7 +81,7 @@ class JsonLark:
         self.rules: list[str] = []
         self._count = 0
         self._refs: dict[tuple[int, str], str] = {}
-        self._named: dict[str, str] = {}
+        self._named: set[str] = set()
         self._resolvable: dict[int, bool] = {}
         self.item_separator = json.dumps(JSON_LAYOUT["item_separator"])
         self.key_separator = json.dumps(JSON_LAYOUT["key_separator"])
@@ -123,7 +123,7 @@ class JsonLark:
     def _shared(self, name: str, body: str) -> str:
         """A rule or terminal every value of this grammar uses alike (written once)."""
         if name not in self._named:
-            self._named[name] = body
+            self._named.add(name)
             self.rules.append(f"{name}: {body}")
         return name
 
