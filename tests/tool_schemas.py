@@ -25,3 +25,16 @@ TOOLS = [
     {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+# Numbers only, two of them unbounded by their schema: only the grammar's bound on a number's digits lets a model that
+# keeps choosing digits finish this call (contract/json_grammar.py).
+MEASURE = {
+    "type": "object",
+    "properties": {
+        "length": {"type": "number"},
+        "count": {"type": "integer"},
+        "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["length", "count", "ratio"],
+    "additionalProperties": False,
+}
+MEASURE_TOOL = {"type": "function", "function": {"name": "measure", "description": "Measure", "parameters": MEASURE}}

@@ -1,11 +1,11 @@
 """`response_format` -> the grammar the engine enforces, and what `response_format_status` will say.
 
 `json_object` constrains the answer to a JSON object and `json_schema` to its schema (llguidance compiles it; see
-inference/engine/grammar.py). The schema must be valid JSON Schema (checked against its metaschema with
-`jsonschema`), else the request is 400 before anything runs. Keywords llguidance cannot enforce (`uniqueItems`,
-`not`, ...) are left out of the constraint and the status says `schema_downgraded`. The JSON is written compactly
-(`", "` and `": "` between items and keys, no other whitespace): free whitespace lets a model wander in blank
-space without ever closing the object.
+inference/engine/grammar.py), as the Lark grammar of engine/contract/json_grammar.py, which bounds every number's
+digits. The schema must be valid JSON Schema (checked against its metaschema with `jsonschema`), else the request is
+400 before anything runs. Keywords llguidance cannot enforce (`uniqueItems`, `not`, ...) are left out of the
+constraint and the status says `schema_downgraded`. The JSON is written compactly (`", "` and `": "` between items
+and keys, no other whitespace): free whitespace lets a model wander in blank space without ever closing the object.
 
 Statuses (spec: "response_format_status"): `applied` (text, or a constraint armed), `schema_downgraded`,
 `ignored_tools_present` (tools win: the format does not constrain), `ignored_unknown_type`; `not_enforced` replaces
@@ -20,9 +20,9 @@ from typing import Any
 import jsonschema
 import llguidance
 
+from inference.engine.contract.json_grammar import json_schema_lark
 from pantheon_site.errors import InvalidRequest
 
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
 
@@ -57,7 +57,7 @@ def plan_response_format(response_format: Any, *, tools_present: bool) -> Respon
         return ResponseFormatPlan(status="ignored_unknown_type")
     if tools_present:
         return ResponseFormatPlan(status="ignored_tools_present")
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON, overrides={"lenient": True})
+    grammar = llguidance.LLMatcher.grammar_from_lark(json_schema_lark(schema))
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
         raise InvalidRequest(f"response_format.json_schema.schema cannot be enforced: {'; '.join(messages)}")

@@ -5,10 +5,11 @@ the tokenizer holds as one token (`<tool_call>` in Qwen and the demo model) must
 and markup it does not hold is written as text.
 
 - `required`: the output is one call to an offered tool (or to `function`, when the request named one), with
-  arguments that follow that tool's `parameters` schema, then the end. JSON arguments (hermes, json) use llguidance's
-  JSON Schema support with the compact layout response_format uses; the XML dialects write each parameter in the
-  schema's order, required ones always and optional ones maybe, a string value as text (bounded by minLength /
-  maxLength, or one of its enum) and any other value as JSON of its schema.
+  arguments that follow that tool's `parameters` schema, then the end. JSON arguments (hermes, json) are JSON of the
+  schema in the compact layout response_format uses; the XML dialects write each parameter in the schema's order,
+  required ones always and optional ones maybe, a string value as text (bounded by minLength / maxLength, or one of
+  its enum) and any other value as JSON of its schema. JSON is written by contract/json_grammar.py: llguidance's
+  JSON Schema support, with every number's digits bounded.
 - `auto`: free text, and once a call opener appears the call must be well formed; then free text again. The `json`
   dialect has no opener to wait for (any text may start an object), so `auto` leaves it unconstrained.
 """
@@ -18,10 +19,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inference.engine.contract.json_grammar import JsonLark
 from inference.engine.contract.tool_dialect import ToolDialect, ToolGrammarMode
 
-# Lark options of every inline JSON schema: the layout Python's json.dumps writes and templates render back.
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 # What starts a call in each dialect (`json` has none: a call is a bare object).
 OPENERS: dict[ToolDialect, str] = {"hermes": "<tool_call>", "qwen3_coder": "<tool_call>", "minicpm": '<function name="'}
 
@@ -65,12 +65,13 @@ class _Lark:
     def __init__(self, single_tokens: frozenset[str]):
         self.single_tokens = single_tokens
         self.rules: list[str] = []
+        self.json = JsonLark()
 
     def rule(self, name: str, body: str) -> None:
         self.rules.append(f"{name}: {body}")
 
     def text(self) -> str:
-        return "\n".join(self.rules) + "\n"
+        return "\n".join(self.rules + self.json.rules) + "\n"
 
     def literal(self, text: str) -> str:
         """`text` in a rule: the token itself when the tokenizer holds it as one (`<tool_call>` names that token)."""
@@ -86,9 +87,8 @@ class _Lark:
                 "properties": {"name": {"const": name}, "arguments": parameters},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
-                "x-guidance": JSON_LAYOUT,
             }
-            body = f"%json {json.dumps(schema)}"
+            body = self.json.value(schema, root=parameters)
             if dialect == "json":
                 return body
             return f'"\\n" {body} "\\n" {self.literal("</tool_call>")}'
@@ -102,14 +102,15 @@ class _Lark:
         required = set(parameters.get("required") or ())
         for position, (key, schema) in enumerate((parameters.get("properties") or {}).items()):
             rule = f"p{index}_{position}"
-            value = self.xml_value(f"v{index}_{position}", schema if isinstance(schema, dict) else {}, param_close)
+            value = self.xml_value(f"v{index}_{position}", schema, parameters, param_close)
             self.rule(rule, f"{json.dumps(param_open.format(key))} {value}")
             parts.append(rule if key in required else f"{rule}?")
         body = " ".join([json.dumps(opening), *parts, json.dumps(closing)])
         return f"{body} {self.literal('</tool_call>')}" if dialect == "qwen3_coder" else body
 
-    def xml_value(self, name: str, schema: dict[str, Any], close: str) -> str:
-        """One parameter's value and the text that closes it."""
+    def xml_value(self, name: str, schema: Any, parameters: dict[str, Any], close: str) -> str:
+        """One parameter's value and the text that closes it (`parameters`: the document its `$ref`s point into)."""
+        schema = schema if isinstance(schema, dict) else {}
         if schema.get("type") == "string":
             if isinstance(schema.get("enum"), list):
                 options = " | ".join(json.dumps(str(option)) for option in schema["enum"])
@@ -118,7 +119,7 @@ class _Lark:
             count = f"{{{low},{int(high)}}}" if high is not None else f"{{{low},}}" if low else "*"
             self.rule(f"{name}[lazy]", f"/(?s:.{count}){_regex_escape(close)}/")
             return name
-        return f"%json {json.dumps({**schema, 'x-guidance': JSON_LAYOUT})} {json.dumps(close)}"
+        return f"{self.json.value(schema, root=parameters)} {json.dumps(close)}"
 
 
 def _regex_escape(text: str) -> str:

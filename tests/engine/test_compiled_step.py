@@ -16,7 +16,10 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.hosted_model import HostedModel, compiles_decode
 from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.model import matmul_kernel
 from inference.engine.model.compiled_step import DecodeGraphs, decode_buckets
+from inference.engine.model.runner import ModelRunner
+from inference.engine.model.transformer import FloatLinear
 from inference.engine.step_threads import StepThreads
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
@@ -102,6 +105,31 @@ def test_linear_layers_the_compiler_cannot_see_into_run_as_opaque_calls(stories_
     assert not any(linear.traced for linear in graphs.graph.linears[0])
     assert_same_decode(compiled_int8, eager_int8, PROMPTS[:1], steps=16)
     assert (graphs.mode, graphs.fallback_reason) == ("compiled", None)
+
+
+@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")
+def test_float32_layers_on_the_c_kernel_run_as_opaque_calls(tmp_path):
+    """FloatLinear is never traced (the compiler cannot see into its kernel call): the graph calls it by index, so
+    its forward never runs under compilation, and the compiled steps give the eager greedy tokens."""
+    from gguf import GGMLQuantizationType
+
+    from tests.engine.test_quantized_weights import _model, write_wide_gguf
+
+    path = write_wide_gguf(tmp_path, GGMLQuantizationType.F32)
+    runners = [ModelRunner(_model(path), max_concurrent=1, context_window=64) for _ in range(2)]
+    assert isinstance(runners[1].model.layers[0].feed_forward.w13, FloatLinear)
+    graphs = runners[1].compile_decode(threads=1)
+    assert not any(linear.traced for linear in graphs.graph.linears[0])
+    steps = []
+    for runner in runners:
+        slot = runner.allocate_slot()
+        tokens, logits = [int(runner.prefill(slot, [1, 403, 407, 261, 378]).argmax())], []
+        for _ in range(8):
+            logits.append(runner.decode([slot], tokens))
+            tokens = logits[-1].argmax(-1).tolist()
+        steps.append(torch.stack(logits))
+    assert torch.equal(steps[1].argmax(-1), steps[0].argmax(-1)) and graphs.mode == "compiled", graphs.fallback_reason
+    assert (steps[1] - steps[0]).abs().max() <= 1e-5 * steps[0].abs().max()  # rounding: fused kernels sum otherwise
 
 
 def test_steps_with_other_threads_than_compiled_for_fall_back(stories_gguf_path):

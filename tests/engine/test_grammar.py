@@ -32,21 +32,24 @@ def grammar():
     return llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, defaults=options)
 
 
-def test_a_constrained_row_follows_its_grammar_and_a_free_row_beside_it_is_untouched(tokenizer, grammar):
+def test_a_constrained_row_follows_its_grammar_and_the_free_rows_around_it_are_untouched(tokenizer, grammar):
+    """The constrained row sits between two free ones: a mask that lands on any other row than its own shows."""
     compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
     params = SamplingParams(temperature=1.0, seed=5)
     constrained = SequenceSampling(params, tokenizer.vocab_size, compiler.matcher(grammar))
-    free, alone = SequenceSampling(params, tokenizer.vocab_size), SequenceSampling(params, tokenizer.vocab_size)
+    free = [SequenceSampling(params, tokenizer.vocab_size) for _ in range(2)]
+    alone = [SequenceSampling(params, tokenizer.vocab_size) for _ in range(2)]
     generator = torch.Generator().manual_seed(0)
     out, free_tokens, alone_tokens = [], [], []
     for _ in range(100):
-        logits = torch.randn(2, tokenizer.vocab_size, generator=generator)
-        batch = sample_batch(logits, [constrained, free])
-        alone_tokens += sample_batch(logits[1:].clone(), [alone]).token_ids
-        free_tokens.append(batch.token_ids[1])
-        if batch.token_ids[0] == tokenizer.eos_token_id:
+        logits = torch.randn(3, tokenizer.vocab_size, generator=generator)
+        batch = sample_batch(logits, [free[0], constrained, free[1]])
+        alone_tokens.append([sample_batch(logits[row : row + 1].clone(), [alone[i]]).token_ids[0]
+                             for i, row in enumerate((0, 2))])  # fmt: skip
+        free_tokens.append([batch.token_ids[0], batch.token_ids[2]])
+        if batch.token_ids[1] == tokenizer.eos_token_id:
             break
-        out.append(batch.token_ids[0])
+        out.append(batch.token_ids[1])
     assert free_tokens == alone_tokens
     value = json.loads(tokenizer.decode(out))
     assert set(value) == {"n", "c"} and 0 <= value["n"] <= 99 and value["c"] in ("red", "blue")
@@ -69,13 +72,16 @@ def test_a_grammar_that_does_not_compile_is_an_error(tokenizer):
 
 
 def test_the_exempt_token_may_come_first_unseen_by_the_grammar_and_only_first(tokenizer, grammar):
+    """The constrained row is the second of the batch, after a free one that prefers the same token."""
     compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
     state = SequenceSampling(SamplingParams(temperature=0), tokenizer.vocab_size, compiler.matcher(grammar))
+    free = SequenceSampling(SamplingParams(temperature=0), tokenizer.vocab_size)
     start = state.grammar.compute_bitmask()
     exempt = tokenizer.encode("Once", add_special_tokens=False)[-1]  # no JSON starts with it
     logits = torch.zeros(2, tokenizer.vocab_size)
     logits[:, exempt] = 50.0
     state.grammar_exempt = exempt
-    assert sample_batch(logits[:1], [state]).token_ids == [exempt]
+    assert sample_batch(logits.clone(), [free, state]).token_ids == [exempt, exempt]
     assert state.grammar.compute_bitmask() == start and not state.grammar.is_error()  # the grammar did not see it
-    assert sample_batch(logits[1:], [state]).token_ids != [exempt]  # from the second token on, the grammar rules
+    second = sample_batch(logits.clone(), [free, state]).token_ids
+    assert second[0] == exempt and second[1] != exempt  # from the second token on, the grammar rules its row

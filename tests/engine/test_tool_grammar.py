@@ -5,6 +5,7 @@ random logits sampled under the grammar always give a call that parses and valid
 one token (the demo model's `<tool_call>`) is named as that token, other markup is text (stories260K)."""
 
 import json
+import math
 
 import jsonschema
 import llguidance
@@ -19,7 +20,8 @@ from inference.engine.sampler import SequenceSampling, sample_batch
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, format_call
 from inference.engine.tool_grammar import tool_call_grammar
-from tests.tool_schemas import SCHEMAS, TOOLS
+from tests.engine.digit_model import BOUNDED_NUMBER, digit_runs, numbers_in, write_under
+from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +115,20 @@ def test_random_logits_under_required_always_give_a_valid_call(demo_tokenizer, d
         content, calls, error = parse_tool_calls(dialect, TOOLS, tokenizer.decode(out, skip_special_tokens=False))
         assert error is None and content is None and len(calls) == 1, tokenizer.decode(out)
         jsonschema.validate(json.loads(calls[0].arguments), SCHEMAS[calls[0].name])
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_model_that_always_writes_digits_completes_a_compelled_call_with_bounded_numbers(tokenizer, dialect):
+    """Each number ends at 16 integral digits (16 fractional, a 2-digit exponent; fewer where the schema's maximum
+    says so), however much the model wants another digit, so the call completes, every number a finite double."""
+    tools = [MEASURE_TOOL]
+    compiler, single = compiler_and_tokens(tokenizer, dialect)
+    grammar = tool_call_grammar(dialect, tools, mode="required", function="measure", single_tokens=single)
+    text, ended = write_under(llguidance.LLMatcher.grammar_from_lark(grammar), tokenizer, budget=400)
+    assert ended, text
+    content, calls, error = parse_tool_calls(dialect, tools, text)
+    assert error is None and content is None and [call.name for call in calls] == ["measure"], text
+    arguments = json.loads(calls[0].arguments)
+    jsonschema.validate(arguments, MEASURE)
+    assert all(math.isfinite(value) for value in arguments.values()), calls[0].arguments
+    assert max(digit_runs(text)) == 16 and all(BOUNDED_NUMBER.fullmatch(number) for number in numbers_in(text)), text

@@ -111,6 +111,28 @@ def _is_json(text: str) -> bool:
     return True
 
 
+def test_numbers_end_on_a_model_that_loves_digits(api, demo_dir):
+    """A random-weight model pushed to digits (logit_bias on every digit token) writes each number only as far as the
+    grammar lets it (16 integral digits, fewer where the maximum says so), so the JSON completes within max_tokens."""
+    from inference.engine.text.tokenizer import Tokenizer
+    from tests.engine.digit_model import digit_bias
+
+    load(api, demo_dir, "demo")
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "x": {"type": "number"}, "p": {"type": "number", "maximum": 100}},
+        "required": ["n", "x", "p"],
+        "additionalProperties": False,
+    }
+    bias = digit_bias(Tokenizer.from_hf_dir(demo_dir))
+    body = ask(api, response_format=json_schema(schema), seed=2, temperature=1.0, max_tokens=300, logit_bias=bias)
+    choice = body.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and body.json()["response_format_status"] == "applied", choice
+    value = json.loads(choice["message"]["content"])
+    jsonschema.validate(value, schema)
+    assert len(str(value["n"])) == 16 and value["p"] < 100
+
+
 def test_json_object_gives_an_object(api, demo_dir):
     load(api, demo_dir, "demo")
     for seed in range(5):

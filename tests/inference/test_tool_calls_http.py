@@ -7,6 +7,8 @@ the turn after a call resumes the session's cache, so the call and its result re
 """
 
 import json
+import math
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,7 +18,7 @@ import pytest
 
 from tests.inference.serving import sse_events
 from tests.inference.session_turns import error_of, load
-from tests.tool_schemas import SCHEMAS, TOOLS
+from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -220,3 +222,56 @@ def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_
     assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 20 for e in entries)
     _, [parsed], _ = parse_tool_calls("hermes", TOOLS, "".join(e["token"] for e in entries))
     assert (parsed.name, parsed.arguments) == (call["function"]["name"], call["function"]["arguments"])
+
+
+def demo_variant(demo_dir, directory, **tokenizer_config) -> object:
+    """A copy of the demo model with its tokenizer_config.json changed (its template, its BOS)."""
+    directory = shutil.copytree(demo_dir, directory / "model")
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps({**config, **tokenizer_config}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dialect_dirs(demo_dir, tmp_path_factory):
+    """The demo model as each dialect's model: its own template writes hermes calls; qwen3_coder's call markup in
+    the template; a template that writes the BOS and no call markup (a Llama, so MiniCPM's); and `json` for a served
+    name that starts with "ornith"."""
+    template = json.loads((demo_dir / "tokenizer_config.json").read_text())["chat_template"]
+    plain = (
+        "{{- bos_token }}{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    return {
+        "hermes": ("demo", demo_dir),
+        "qwen3_coder": ("coder", demo_variant(demo_dir, tmp_path_factory.mktemp("coder"),
+                                              chat_template=template + "{#- calls: <function=NAME> -#}")),
+        "minicpm": ("minicpm", demo_variant(demo_dir, tmp_path_factory.mktemp("minicpm"), chat_template=plain,
+                                            bos_token="<|endoftext|>")),
+        "json": ("ornith", demo_dir),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("dialect", ["hermes", "qwen3_coder", "minicpm", "json"])
+def test_a_compelled_call_whose_arguments_are_numbers_completes_on_a_model_that_loves_digits(
+    api, dialect_dirs, dialect
+):
+    """A random-weight model pushed to digits (logit_bias on every digit token) writes each number only as far as
+    the grammar lets it (16 integral digits), so the call completes instead of running out at max_tokens."""
+    from inference.engine.text.tokenizer import Tokenizer
+    from tests.engine.digit_model import digit_bias
+
+    name, path = dialect_dirs[dialect]
+    load(api, path, name)
+    assert {row["id"]: row["tool_dialect"] for row in api.get("/admin/models").json()["data"]}[name] == dialect
+    body = api.post("/v1/chat/completions", json={
+        "model": name, "messages": MESSAGES, "max_tokens": 400, "temperature": 1.0, "seed": 3,
+        "tools": [MEASURE_TOOL], "tool_choice": {"type": "function", "function": {"name": "measure"}},
+        "logit_bias": digit_bias(Tokenizer.from_hf_dir(path)),
+    }).json()  # fmt: skip
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    [call] = choice["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    jsonschema.validate(arguments, MEASURE)
+    assert len(str(arguments["count"])) == 16 and all(math.isfinite(value) for value in arguments.values())

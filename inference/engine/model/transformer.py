@@ -187,10 +187,7 @@ class FloatLinear(nn.Module):
         self.out_features, self.in_features = self.weight.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in] -> [..., out]
-        if torch.compiler.is_compiling():  # the compiled step traces the plain product, which inductor fuses
-            out = x @ self.weight_t
-            return out if self.bias is None else out + self.bias
+        # x: [..., in] -> [..., out]; never traced: a compiled step calls it opaquely (compiled_step.py)
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(rows.shape[0], self.out_features)
         matmul_kernel.KERNEL.float_matmul(
