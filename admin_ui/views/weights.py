@@ -1,5 +1,5 @@
-"""The weights page: the attachment panel (GET /api/weights/status's fields), clear-stale, and the checkpoint
-lineage as a tree (every saved checkpoint under its parent, with its sha256 and who saved it).
+"""The weights page: the attachment panel (GET /api/weights/status's fields), each served model's weights, clear-stale,
+and the checkpoint lineage as a tree (every saved checkpoint under its parent, with its sha256 and who saved it).
 
 Clear-stale runs the barrier call the route runs (weights/services.call_barrier), as an operator, audited as
 weights_clear_stale with the signed-in user as actor.
@@ -15,9 +15,9 @@ from inference.runtime.router import get_router, installed_router
 from pantheon_site.errors import PantheonError
 from pantheon_site.models import Role
 from weights import services
-from weights.model_choice import default_placement
+from weights.model_choice import default_placement, served_placements
 from weights.models import Checkpoint
-from weights.status import status_body
+from weights.status import model_status, status_body
 
 
 def _checkpoint_tree() -> list[dict]:
@@ -35,11 +35,14 @@ def _checkpoint_tree() -> list[dict]:
 
 
 def _panel() -> dict:
+    """The attachment panel shows the default model (the attached one, else the only attachable one); the table
+    below it every served model's weights, since with several served no one of them is the default."""
     router = installed_router()
-    status = None
+    status, models = None, []
     if router is not None:
         status = status_body(router, default_placement(router))
-    return {"status": status, "tree": _checkpoint_tree(), "serving": router is not None}
+        models = [model_status(router, placement) for placement in served_placements(router).values()]
+    return {"status": status, "models": models, "tree": _checkpoint_tree(), "serving": router is not None}
 
 
 async def _render(request, notices: list[Notice] | None = None):

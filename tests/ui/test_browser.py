@@ -246,6 +246,9 @@ def test_the_weights_panel_shows_a_stale_trainer_the_operator_clears_and_the_lin
     expect(lineage).to_contain_text(saved["name"])
     expect(lineage).to_contain_text(Checkpoint.objects.get(name=saved["name"]).weights_sha256)
     expect(lineage).to_contain_text("by trainer-1")
+    row = page.locator("#served-weights tr[data-model='stories']")
+    expect(row).to_contain_text(saved["name"])  # the weights it serves, as the save named them
+    expect(row.locator("td").nth(2)).to_have_text("yes")
     # no heartbeats: the attachment goes stale, and only then is there anything to clear
     wait_for(lambda: weights_status(server)["attachment"]["state"] == "stale", timeout=HEARTBEAT_TIMEOUT_S * 20)
     page.reload()
