@@ -337,6 +337,7 @@ class Loaded(Message, tag="l"):
     # How many linear layers hold their weights in each in-memory format ("int4", "int8", "float32", ...).
     linear_formats: dict[str, int] = msgspec.field(default_factory=dict)
     graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step as loaded
+    prefix_cache_bytes: int = 0  # the KV pool's bytes beyond the sequences' full windows (kv_budget.py)
 
 
 class Unloaded(Message, tag="u"):
@@ -365,6 +366,9 @@ class ModelStatus(msgspec.Struct, array_like=True, kw_only=True):
     sessions: int  # session ids holding KV
     prefill_tok_per_s: float  # measured prefill rate (0 before the first prefill)
     graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step now (it may fall back)
+    prefix_cache_bytes: int = 0  # as in Loaded
+    prefix_lookup_tokens: int = 0  # prompt tokens looked up in the prefix cache since the load
+    prefix_hit_tokens: int = 0  # of those, the tokens whose KV was reused
 
 
 class Status(Message, tag="i"):
