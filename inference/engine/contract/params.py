@@ -117,9 +117,9 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 
     The KV cache is a pool of `block_size`-position blocks: room for `max_concurrent` sequences at the full context
     window, and `prefix_cache_bytes` more for the prefix cache, as memory allows (None: an automatic share of the
-    free memory, kv_budget.prefix_cache_bytes; 0: no more than the windows). `max_sessions` session ids may keep KV between turns
-    (0: sessions are off, the session routes answer session_caching_disabled); an idle one is released after
-    `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
+    free memory, kv_budget.prefix_cache_bytes; 0: no more than the windows). `max_sessions` session ids may keep KV
+    between turns (0: sessions are off, the session routes answer session_caching_disabled); an idle one is released
+    after `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
 
     A decode whose last `repetition_span` tokens repeat one period at least four times is ended with finish_reason
     "repetition_loop" (0: never; repetition.py).
