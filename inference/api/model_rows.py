@@ -106,7 +106,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "device": placement.device,
         "dies": _dies(placement.device),
         "dtype": info.dtype if info else None,
-        "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
+        "vram_bytes": (info.weight_bytes + info.kv_bytes + info.prefix_cache_bytes) if info else None,
         "weights_in_memory": {"bytes": info.weight_bytes, "linear_formats": info.linear_formats} if info else None,
         "kv_cache": {"dtype": info.kv_dtype, "bytes": info.kv_bytes} if info else None,
         "prefix_cache": prefix_cache_fields(info, live),

@@ -153,8 +153,9 @@ class HostedModel:
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
-        self.kv_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
-        self.prefix_cache_bytes = self.kv_bytes * model.runner.cache_blocks // (cache.pool.num_blocks + 1)
+        pool_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
+        self.prefix_cache_bytes = pool_bytes * model.runner.cache_blocks // (cache.pool.num_blocks + 1)
+        self.kv_bytes = pool_bytes - self.prefix_cache_bytes  # the sequences' windows (and the scratch block)
 
         self.unload: p.Unload | None = None
         self.deadline = 0.0

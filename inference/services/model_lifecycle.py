@@ -229,7 +229,7 @@ def _record_load(
             device=loaded.device,
             state=InstanceState.READY,
             load_options=options,
-            memory_bytes=loaded.weight_bytes + loaded.kv_bytes,
+            memory_bytes=loaded.weight_bytes + loaded.kv_bytes + loaded.prefix_cache_bytes,
             max_sessions=limits.max_sessions,
             max_concurrent=loaded.max_concurrent,
             max_concurrent_configured=limits.max_concurrent,

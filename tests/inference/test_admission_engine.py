@@ -138,6 +138,7 @@ def test_the_prefix_cache_gets_its_bytes_beyond_the_windows_never_more_than_fits
     pool = hosted.model.runner.cache.pool
     assert pool.num_blocks == 2 * 512 // 16 + 100  # the two windows, then 100 whole blocks of cache
     assert hosted.status().prefix_cache_bytes == 100 * per_block
+    assert hosted.kv_bytes == (2 * 512 // 16 + 1) * per_block  # the windows' blocks and the scratch one
 
 
 @in_module_loop

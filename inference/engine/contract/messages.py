@@ -322,7 +322,7 @@ class Loaded(Message, tag="l"):
     device: str
     dtype: str
     weight_bytes: int
-    kv_bytes: int
+    kv_bytes: int  # the KV pool's bytes for the sequences' full windows; the prefix cache's are prefix_cache_bytes
     kv_dtype: str  # the KV pool's dtype ("float32", "float16", ...): the load option's, or the automatic choice
     context_window: int
     context_window_configured: int
