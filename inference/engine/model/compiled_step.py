@@ -78,7 +78,7 @@ class OpaqueLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out_features]
-        if self.traced or not torch.compiler.is_compiling():
+        if self.traced or not torch.compiler.is_dynamo_compiling():
             return self.layer(x)
         return linear_layer(x, self.index, self.out_features)
 
