@@ -171,8 +171,9 @@ class HostedModel:
     ) -> HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
         reports `progress`, which the read counts, while it runs). With the `compile` option (always on CUDA) the
-        decode step is compiled or captured for every batch-size bucket before the load answers, for the intra-op
-        threads `step_threads` gives the model (the worker's choice when it steps it).
+        decode step is compiled (CPU, here) or captured (CUDA, by the worker's loop: `warm_up_next`) for every
+        batch-size bucket before the load answers, for the intra-op threads `step_threads` gives the model (the
+        worker's choice when it steps it).
         The window is the configured one, lowered to what fits in free memory next to the weights, and the prefix
         cache gets its budget from what is left (see kv_budget); a model that cannot fit even MIN_WINDOW positions
         fails with MemoryError."""
@@ -211,7 +212,11 @@ class HostedModel:
         )
         if compiles_decode(options, device):
             threads = step_threads(model) if step_threads else None
-            model.runner.compile_decode(threads=threads.torch if threads else None)
+            # A CUDA capture is left to the worker's loop, between its steps (`warm_up_next`): beside the loop's
+            # launches for other models it would fail them and itself. A CPU compile takes seconds per bucket, too
+            # long to hold the loop; it runs here, and the kernels' pool takes one job at a time.
+            cuda = torch.device(device).type == "cuda"
+            model.runner.compile_decode(threads=threads.torch if threads else None, now=not cuda)
         sessions = None
         if limits.max_sessions:
             sessions = SessionTable(
@@ -241,6 +246,11 @@ class HostedModel:
         hosted.reasoning_budget = options.reasoning_budget
         hosted.pooling = options.pooling
         return hosted
+
+    def warm_up_next(self) -> bool:
+        """Captures the next bucket of a decode step the load left to the loop (CUDA); whether any remain after it.
+        The worker calls it between steps, before the model serves."""
+        return self.model.runner.warm_up_next()
 
     def check_bound(self, req: p.Submit) -> None:
         """Refuses (prompt_too_long) a prompt that cannot fit the window, judged without tokenizing it: by its token

@@ -76,21 +76,33 @@ class ModelRunner:
                 device=self.device,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
+        self._warm_up_threads: int | None = None  # what compile_decode(now=False) asked warm_up_next to use
         self.plan = DecodePlan.build(model)  # the decode step as kernel calls, where the model allows (decode_plan.py)
 
-    def compile_decode(self, *, threads: int | None = None, buckets: list[int] | None = None) -> DecodeGraphs:
+    def compile_decode(
+        self, *, threads: int | None = None, buckets: list[int] | None = None, now: bool = True
+    ) -> DecodeGraphs:
         """Compiles (CPU) or captures (CUDA) the decode step for each batch-size bucket (default: powers of two up
-        to `max_concurrent`, and it), now: slow, seconds per bucket on a CPU. `threads` is the number of intra-op
-        threads the steps will run with (the C++ kernels are generated for it). A failure to compile does not
-        raise: decode stays eager, with the reason in the returned report. A batch larger than every bucket decodes
+        to `max_concurrent`, and it): `now`, slow, seconds per bucket on a CPU, or (now=False) bucket by bucket as
+        `warm_up_next` is called. `threads` is the number of intra-op threads the steps will run with (the C++
+        kernels are generated for it). A failure to compile does not raise: decode stays eager, with the reason in
+        the returned report. A batch larger than every bucket, or any batch before every bucket is warm, decodes
         eagerly."""
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
-        graphs = DecodeGraphs(self, buckets)
+        self.graphs = DecodeGraphs(self, buckets)
+        self._warm_up_threads = threads
+        if now:
+            with attention_backends(self.device):
+                self.graphs.warm_up(threads=threads)
+        return self.graphs
+
+    def warm_up_next(self) -> bool:
+        """Compiles or captures the next bucket a `compile_decode(now=False)` left; whether any remain after it."""
+        if self.graphs is None or not self.graphs.pending:
+            return False
         with attention_backends(self.device):
-            graphs.warm_up(threads=threads)
-        self.graphs = graphs
-        return graphs
+            return self.graphs.warm_up(threads=self._warm_up_threads, buckets=1)
 
     def allocate_slot(self) -> int:
         """A new, empty slot (blocks are taken as tokens are written; KVCacheFull when the pool has none left)."""
