@@ -61,10 +61,10 @@ def run(size: str, args: argparse.Namespace, prompts: list[list[int]]) -> None:
             first, _ = timed_round(client, prompts)
             second, cached = timed_round(client, prompts)
             row = next(r for r in client.get("/admin/models").json()["data"] if r["id"] == "m")
-        cache = row["prefix_cache"]
+        cache, hit_rate = row["prefix_cache"], row["live"]["prefix_cache"]["hit_rate"]
         print(
             f"{size:>6} {cache['bytes'] / 2**20:>10.1f} {statistics.median(first):>14.1f} "
-            f"{statistics.median(second):>15.1f} {statistics.median(cached):>14.0f} {cache['hit_rate'] or 0:>9.3f}",
+            f"{statistics.median(second):>15.1f} {statistics.median(cached):>14.0f} {hit_rate or 0:>9.3f}",
             flush=True,
         )
     finally:

@@ -75,21 +75,19 @@ def graphs_fields(graphs: p.DecodeGraphs | None) -> dict[str, Any] | None:
             "fallback_reason": graphs.fallback_reason}  # fmt: skip
 
 
-def prefix_cache_fields(info: p.Loaded | None, live: p.ModelStatus | None) -> dict[str, Any] | None:
-    """The `prefix_cache` object: its size in bytes (the KV pool beyond the sequences' full windows) and, when the
-    worker answered, the prompt tokens looked up in it since the load, those it held (`hit_tokens`) and their ratio
-    (`hit_rate`, null before any lookup)."""
-    if live is None:
-        return None if info is None else {"bytes": info.prefix_cache_bytes}
+def prefix_hits(live: p.ModelStatus) -> dict[str, Any]:
+    """`live.prefix_cache`: the prompt tokens looked up in the prefix cache since the load, those whose KV it held
+    (`hit_tokens`) and their ratio (`hit_rate`, null before any lookup)."""
     looked_up, hits = live.prefix_lookup_tokens, live.prefix_hit_tokens
-    return {"bytes": live.prefix_cache_bytes, "lookup_tokens": looked_up, "hit_tokens": hits,
+    return {"lookup_tokens": looked_up, "hit_tokens": hits,
             "hit_rate": round(hits / looked_up, 4) if looked_up else None}  # fmt: skip
 
 
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
     current occupancy (running, waiting, slots), the KV pool's (blocks total, free, cached, pinned by sessions,
-    their size, the sessions held) and the prefix cache's hits when the worker answered a status query."""
+    their size, the sessions held) and the prefix cache's hits when the worker answered a status query; the
+    prefix cache's size is the load's (`prefix_cache`)."""
     info: p.Loaded | None = placement.info
     options = placement.load.options
     max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
@@ -109,7 +107,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "vram_bytes": (info.weight_bytes + info.kv_bytes + info.prefix_cache_bytes) if info else None,
         "weights_in_memory": {"bytes": info.weight_bytes, "linear_formats": info.linear_formats} if info else None,
         "kv_cache": {"dtype": info.kv_dtype, "bytes": info.kv_bytes} if info else None,
-        "prefix_cache": prefix_cache_fields(info, live),
+        "prefix_cache": {"bytes": info.prefix_cache_bytes} if info else None,  # beyond the sequences' windows
         "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for
@@ -129,7 +127,8 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
                        "slots_total": live.slots_total, "state": live.state,
                        "blocks_total": live.blocks_total, "blocks_free": live.blocks_free,
                        "blocks_cached": live.blocks_cached, "blocks_pinned": live.blocks_pinned,
-                       "block_size": live.block_size, "sessions": live.sessions}  # fmt: skip
+                       "block_size": live.block_size, "sessions": live.sessions,
+                       "prefix_cache": prefix_hits(live)}  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}
 
 

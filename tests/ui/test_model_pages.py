@@ -66,7 +66,8 @@ def test_a_running_load_is_drawn_with_its_tensors_and_bytes():
 
 
 def test_the_prefix_cache_is_drawn_with_its_size_and_hit_rate():
-    row = {"id": "m", "state": "ready", "path": "/m", "device": "cpu", "max_sessions": 0, "live": {"sessions": 0}}
-    row["prefix_cache"] = {"bytes": 4 * 2**30, "lookup_tokens": 400, "hit_tokens": 300, "hit_rate": 0.75}
+    row = {"id": "m", "state": "ready", "path": "/m", "device": "cpu", "max_sessions": 0}
+    row["prefix_cache"] = {"bytes": 4 * 2**30}
+    row["live"] = {"sessions": 0, "prefix_cache": {"lookup_tokens": 400, "hit_tokens": 300, "hit_rate": 0.75}}
     html = render_to_string("admin_ui/models_live.html", {"instances": [row]})
     assert "4.0\xa0GB," in html and ">75%<" in html and "300 of 400 prompt tokens" in html
