@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -25,6 +26,12 @@ def _env_int(name: str, default: int) -> int:
 
 def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def _env_bytes_or_auto(name: str) -> int | None:
+    """A byte count, or None when the variable is unset or "auto" (the engine chooses)."""
+    raw = os.environ.get(name, "auto").strip().lower()
+    return None if raw == "auto" else int(raw)
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -215,10 +222,16 @@ PANTHEON_MIN_FREE_MEMORY_BYTES = _env_int("PANTHEON_MIN_FREE_MEMORY_BYTES", 256 
 # On SIGTERM: how long generations in flight may run on (new requests get 503 server_shutting_down) before the
 # workers stop.
 PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S = _env_float("PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S", 30.0)
-# The KV cache is a pool of blocks of this many positions; the pool holds PANTHEON_KV_POOL_TOKENS positions per model
-# (0: room for max_concurrent sequences at the full context window, as much as fits the device).
+# The KV cache is a pool of blocks of this many positions per model: room for max_concurrent sequences at the full
+# context window, always, plus the prefix cache, where finished prompts' KV stays for reuse: PANTHEON_PREFIX_CACHE_BYTES
+# per model ("auto", the default: the smaller of 4 GiB and a quarter of the device's memory left free after the
+# weights, the windows and PANTHEON_MIN_FREE_MEMORY_BYTES; 0: none beyond the windows; never more than fits).
 PANTHEON_KV_BLOCK_SIZE = _env_int("PANTHEON_KV_BLOCK_SIZE", 16)
-PANTHEON_KV_POOL_TOKENS = _env_int("PANTHEON_KV_POOL_TOKENS", 0)
+PANTHEON_PREFIX_CACHE_BYTES = _env_bytes_or_auto("PANTHEON_PREFIX_CACHE_BYTES")
+if "PANTHEON_KV_POOL_TOKENS" in os.environ:
+    raise ImproperlyConfigured(
+        "PANTHEON_KV_POOL_TOKENS is gone: the prefix cache is sized in bytes by PANTHEON_PREFIX_CACHE_BYTES"
+    )
 # Sessions (`session_id` on a chat request) keep a conversation's KV between turns, up to max_sessions ids per model
 # (the load's max_sessions, else its max_concurrent). Off: no model keeps sessions, a session key is ignored and the
 # session routes answer session_caching_disabled.

@@ -86,10 +86,19 @@ def served_weights_fields(placement: ModelPlacement) -> dict[str, Any] | None:
             "unsaved_commits": weights.unsaved_commits}  # fmt: skip
 
 
+def prefix_hits(live: p.ModelStatus) -> dict[str, Any]:
+    """`live.prefix_cache`: the prompt tokens looked up in the prefix cache since the load, those whose KV it held
+    (`hit_tokens`) and their ratio (`hit_rate`, null before any lookup)."""
+    looked_up, hits = live.prefix_lookup_tokens, live.prefix_hit_tokens
+    return {"lookup_tokens": looked_up, "hit_tokens": hits,
+            "hit_rate": round(hits / looked_up, 4) if looked_up else None}  # fmt: skip
+
+
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:
     """One instance as GET /admin/models and POST /admin/models/load show it. `live` adds the scheduler's
-    current occupancy (running, waiting, slots) and the KV pool's (blocks total, free, cached, pinned by sessions,
-    their size, the sessions held) when the worker answered a status query."""
+    current occupancy (running, waiting, slots), the KV pool's (blocks total, free, cached, pinned by sessions,
+    their size, the sessions held) and the prefix cache's hits when the worker answered a status query; the
+    prefix cache's size is the load's (`prefix_cache`)."""
     info: p.Loaded | None = placement.info
     options = placement.load.options
     max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
@@ -106,9 +115,10 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "device": placement.device,
         "dies": _dies(placement.device),
         "dtype": info.dtype if info else None,
-        "vram_bytes": (info.weight_bytes + info.kv_bytes) if info else None,
+        "vram_bytes": (info.weight_bytes + info.kv_bytes + info.prefix_cache_bytes) if info else None,
         "weights_in_memory": {"bytes": info.weight_bytes, "linear_formats": info.linear_formats} if info else None,
         "kv_cache": {"dtype": info.kv_dtype, "bytes": info.kv_bytes} if info else None,
+        "prefix_cache": {"bytes": info.prefix_cache_bytes} if info else None,  # beyond the sequences' windows
         "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,
         "max_concurrent_configured": placement.load.limits.max_concurrent,  # what the load asked the scheduler for
@@ -129,7 +139,8 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
                        "slots_total": live.slots_total, "state": live.state,
                        "blocks_total": live.blocks_total, "blocks_free": live.blocks_free,
                        "blocks_cached": live.blocks_cached, "blocks_pinned": live.blocks_pinned,
-                       "block_size": live.block_size, "sessions": live.sessions}  # fmt: skip
+                       "block_size": live.block_size, "sessions": live.sessions,
+                       "prefix_cache": prefix_hits(live)}  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}
 
 

@@ -29,6 +29,7 @@ from inference.engine.kv_budget import (
     element_size,
     free_memory,
     kv_bytes_per_token,
+    prefix_cache_bytes,
     read_config,
     weight_bytes_estimate,
 )
@@ -154,7 +155,9 @@ class HostedModel:
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
-        self.kv_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
+        pool_bytes = sum(t.numel() * t.element_size() for t in [*cache.keys, *cache.values])
+        self.prefix_cache_bytes = pool_bytes * model.runner.cache_blocks // (cache.pool.num_blocks + 1)
+        self.kv_bytes = pool_bytes - self.prefix_cache_bytes  # the sequences' windows (and the scratch block)
 
         self.unload: p.Unload | None = None
         self.deadline = 0.0
@@ -170,10 +173,12 @@ class HostedModel:
     ) -> HostedModel:
         """Reads the checkpoint and builds the runner and the scheduler (slow: the worker runs it in a thread, and
         reports `progress`, which the read counts, while it runs). With the `compile` option (always on CUDA) the
-        decode step is compiled or captured for every batch-size bucket before the load answers, for the intra-op
-        threads `step_threads` gives the model (the worker's choice when it steps it).
-        The window is the configured one, lowered to what fits in free memory next to the weights (see kv_budget);
-        a model that cannot fit even MIN_WINDOW positions fails with MemoryError."""
+        decode step is compiled (CPU, here) or captured (CUDA, by the worker's loop: `warm_up_next`) for every
+        batch-size bucket before the load answers, for the intra-op threads `step_threads` gives the model (the
+        worker's choice when it steps it).
+        The window is the configured one, lowered to what fits in free memory next to the weights, and the prefix
+        cache gets its budget from what is left (see kv_budget); a model that cannot fit even MIN_WINDOW positions
+        fails with MemoryError."""
         options, limits = req.options, req.limits
         slots = limits.max_concurrent
         config = read_config(req.path)
@@ -190,6 +195,7 @@ class HostedModel:
                 f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
                 f"left after the weights and the {limits.min_free_memory}-byte reserve"
             )
+        windows = slots * -(-window // limits.block_size) * limits.block_size  # positions the sequences may fill
         # An attachable load keeps its weights where a trainer can map them (engine/weights/); a GGUF file or an
         # int8 load never is, and loads as usual (attach then says why).
         attachable = limits.attachable and not options.quantize and Path(req.path).is_dir()
@@ -203,12 +209,16 @@ class HostedModel:
             max_concurrent=slots,
             context_window=window,
             block_size=limits.block_size,
-            pool_tokens=min(limits.kv_pool_tokens, max(0, budget) // per_token),
+            cache_tokens=prefix_cache_bytes(limits.prefix_cache_bytes, budget - windows * per_token) // per_token,
             progress=progress,
         )
         if compiles_decode(options, device):
             threads = step_threads(model) if step_threads else None
-            model.runner.compile_decode(threads=threads.torch if threads else None)
+            # A CUDA capture is left to the worker's loop, between its steps (`warm_up_next`): beside the loop's
+            # launches for other models it would fail them and itself. A CPU compile takes seconds per bucket, too
+            # long to hold the loop; it runs here, and the kernels' pool takes one job at a time.
+            cuda = torch.device(device).type == "cuda"
+            model.runner.compile_decode(threads=threads.torch if threads else None, now=not cuda)
         sessions = None
         if limits.max_sessions:
             sessions = SessionTable(
@@ -238,6 +248,11 @@ class HostedModel:
         hosted.reasoning_budget = options.reasoning_budget
         hosted.pooling = options.pooling
         return hosted
+
+    def warm_up_next(self) -> bool:
+        """Captures the next bucket of a decode step the load left to the loop (CUDA); whether any remain after it.
+        The worker calls it between steps, before the model serves."""
+        return self.model.runner.warm_up_next()
 
     def check_bound(self, req: p.Submit) -> None:
         """Refuses (prompt_too_long) a prompt that cannot fit the window, judged without tokenizing it: by its token
@@ -419,6 +434,7 @@ class HostedModel:
             weights=self.barrier.snapshot(),
             linear_formats=model.linear_formats,
             graphs=self.decode_graphs(),
+            prefix_cache_bytes=self.prefix_cache_bytes,
         )
 
     def status(self) -> p.ModelStatus:
@@ -444,6 +460,9 @@ class HostedModel:
             sessions=len(s.sessions.sessions) if s.sessions else 0,
             prefill_tok_per_s=s.prefill_tok_per_s,
             graphs=self.decode_graphs(),
+            prefix_cache_bytes=self.prefix_cache_bytes,
+            prefix_lookup_tokens=self.model.runner.cache.lookup_tokens,
+            prefix_hit_tokens=self.model.runner.cache.hit_tokens,
         )
 
     def decode_graphs(self) -> p.DecodeGraphs:

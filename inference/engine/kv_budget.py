@@ -1,10 +1,16 @@
-"""How long a context window fits in memory, decided before a model's KV cache is allocated.
+"""How long a context window fits in memory, and how large a prefix cache, decided before a model's KV cache is
+allocated.
 
-The KV pool is preallocated: room for `slots` sequences at the full window, keys and values of every layer (more
-when the operator asks for a larger pool, as memory allows). A window asked for
-(or the model's default) that would not fit next to the weights in the device's free memory is lowered to the
-longest one that does, so a load succeeds with a shorter window rather than failing or swapping; the served
-`context_window` (and every completion's `usage.kv_cap`) is that effective window.
+The KV pool is preallocated: room for `slots` sequences at the full window, keys and values of every layer, and on
+top of it the prefix cache's budget, where finished prompts' blocks stay findable (model/block_pool.py). A window
+asked for (or the model's default) that would not fit next to the weights in the device's free memory is lowered to
+the longest one that does, so a load succeeds with a shorter window rather than failing or swapping; the served
+`context_window` (and every completion's `usage.kv_cap`) is that effective window. The prefix cache gets what the
+operator asks for, or by default the smaller of PREFIX_CACHE_CAP and a PREFIX_CACHE_SHARE of what is left after the
+weights, the windows and the reserve: the windows are always guaranteed first, and the default leaves most of the
+free memory to the models loaded after this one (each takes its share of what is left then) and to the host. On a
+CPU the cache costs memory only as it fills (kv_cache.py zeroes a block when it is first used), like llama.cpp's
+host-memory prompt cache (`--cache-ram`, 8 GiB by default).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import expected_hf_shapes
 
 MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fails instead
+PREFIX_CACHE_CAP = 4 * 2**30  # the automatic prefix cache's most bytes per model
+PREFIX_CACHE_SHARE = 4  # the automatic prefix cache takes at most 1/this of the memory left after the windows
 
 
 def read_config(path: str | Path) -> ModelConfig:
@@ -71,3 +79,12 @@ def configured_window(config: ModelConfig, requested: int) -> int:
 def effective_window(configured: int, per_token: int, slots: int, budget: int) -> int:
     """The longest window up to `configured` whose KV for `slots` sequences fits in `budget` bytes."""
     return max(0, min(configured, budget // max(1, per_token * slots)))
+
+
+def prefix_cache_bytes(requested: int | None, spare: int) -> int:
+    """The prefix cache's bytes, never more than `spare` (free memory left after the weights, the windows and the
+    reserve): `requested`, or (None, automatic) the smaller of PREFIX_CACHE_CAP and a PREFIX_CACHE_SHARE of it."""
+    spare = max(0, spare)
+    if requested is None:
+        return min(PREFIX_CACHE_CAP, spare // PREFIX_CACHE_SHARE)
+    return min(requested, spare)

@@ -335,7 +335,12 @@ class Worker:
                                          bytes_total=bytes_total))  # fmt: skip
 
     def finish_loads(self) -> None:
+        """Answers each load whose thread ended, once the loop has captured the decode step's buckets it left (one
+        per loop turn, between the other models' steps)."""
         for pending in [pl for pl in self.loads if pl.future.done()]:
+            loaded = pending.future.exception() is None and not pending.unload_call
+            if loaded and pending.future.result().warm_up_next():
+                continue
             self.loads.remove(pending)
             req = pending.request
             try:

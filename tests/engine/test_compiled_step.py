@@ -73,8 +73,17 @@ def eager(stories_gguf_path) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def compiled(stories_gguf_path) -> LoadedModel:
+    """Warmed up bucket by bucket, as a worker's loop captures a CUDA model's between steps: no step uses the graphs
+    until every bucket is warm."""
     model = load_model(stories_gguf_path, max_concurrent=4, context_window=128)
-    graphs = model.runner.compile_decode(threads=1, buckets=[1, 4])  # a batch of 3 runs padded to 4
+    graphs = model.runner.compile_decode(threads=1, buckets=[1, 4], now=False)  # a batch of 3 runs padded to 4
+    assert graphs.pending == [4, 1]
+    assert model.runner.warm_up_next() and graphs.pending == [1]
+    slot = model.runner.allocate_slot()
+    model.runner.prefill(slot, [1, 403])
+    assert graphs.forward([407], model.runner.cache.view([slot], 1)) is None  # eager: a bucket is still cold
+    model.runner.free_slot(slot)
+    assert not model.runner.warm_up_next() and not model.runner.warm_up_next()
     assert (graphs.mode, graphs.buckets, graphs.fallback_reason) == ("compiled", [1, 4], None), graphs.fallback_reason
     assert graphs.warmup_ms > 0
     return model
@@ -135,6 +144,7 @@ def test_float32_layers_on_the_c_kernel_run_as_opaque_calls(tmp_path):
 def test_steps_with_other_threads_than_compiled_for_fall_back(stories_gguf_path):
     model = load_model(stories_gguf_path, max_concurrent=1, context_window=128)
     graphs = DecodeGraphs(model.runner, [1])  # made for this test's one thread, as if warmed up
+    graphs.pending.clear()
     model.runner.graphs = graphs
     torch.set_num_threads(2)
     slot = model.runner.allocate_slot()
@@ -162,7 +172,7 @@ def test_a_step_that_fails_is_redone_eagerly_and_decoding_stays_eager(eager, sto
     def broken_graph(*args, **kwargs):
         raise RuntimeError("index out of bounds")
 
-    graphs._compiled, graphs.backend.sealed = broken_graph, True
+    graphs._compiled, graphs.backend.sealed, graphs.pending = broken_graph, True, []
     model.runner.graphs = graphs
     assert greedy(model, PROMPTS[:2], steps=8) == greedy(eager, PROMPTS[:2], steps=8)
     assert (graphs.mode, graphs.buckets) == ("eager", [])

@@ -143,3 +143,35 @@ def test_memory_in_use_follows_the_tokens_held_not_the_window(transformer):
     for slot in slots:
         runner.free_slot(slot)
     assert pool.num_used == 0
+
+
+def test_the_prefix_cache_is_whole_blocks_beyond_the_windows_and_keeps_what_they_would_evict(transformer):
+    runner = ModelRunner(transformer, max_concurrent=1, context_window=64, cache_tokens=40)  # 4 blocks, 2 more
+    assert (runner.cache_blocks, runner.cache.pool.num_blocks) == (2, 6)
+    older = runner.allocate_slot()
+    runner.prefill(older, [5] * 16 + [9])
+    runner.free_slot(older)
+    big = runner.allocate_slot()
+    runner.prefill(big, [7] * 60)  # a full window: in a pool of the window alone, the older prefix would go
+    runner.free_slot(big)
+    assert runner.reuse_prefix(runner.allocate_slot(), [5] * 16 + [1]) == 16
+    assert (runner.cache.lookup_tokens, runner.cache.hit_tokens) == (17, 16)
+
+
+def test_a_pool_whose_memory_held_nans_computes_as_a_zeroed_one(transformer):
+    """The pool is allocated empty and a block zeroed when first handed out: a decode batch whose shorter row reads
+    positions past its length (masked) gets the logits it gets alone, not NaN, whatever the memory held before."""
+    logits = []
+    for garbage in (False, True):
+        runner = ModelRunner(transformer, max_concurrent=2, context_window=64)
+        if garbage:
+            with torch.inference_mode():
+                for layer in (*runner.cache.keys, *runner.cache.values):
+                    layer[:, : runner.cache.scratch].fill_(float("nan"))
+        runner.cache.paged_decode = False  # the gathered read other devices use: whole blocks, masked
+        slots = [runner.allocate_slot(), runner.allocate_slot()]
+        runner.prefill(slots[0], LONG)
+        runner.prefill(slots[1], PROMPT[:5])
+        logits.append(runner.decode(slots, [300, 300]))
+    assert not logits[1].isnan().any()
+    assert torch.equal(logits[0], logits[1])

@@ -18,7 +18,7 @@ TO_WORKER = [
     p.Abort(request_id="r1"),
     p.Load(request_id="c1", name="m", path="/models/x.gguf", options=LoadOptions(quantize=True, dtype="bfloat16",
            ctx_cap=2048), limits=ServingLimits(max_concurrent=4, queue_depth=32, queue_timeout=30.0, prefill_chunk=64,
-           block_size=32, kv_pool_tokens=8192, max_sessions=4, session_idle_ttl=60.0, watch_grace=1.5)),
+           block_size=32, prefix_cache_bytes=2**30, max_sessions=4, session_idle_ttl=60.0, watch_grace=1.5)),
     p.Unload(request_id="c2", name="m", drain_timeout=1.5, force=False),
     p.StatusQuery(request_id="c3"),
     p.Pause(request_id="c4", model="m"),

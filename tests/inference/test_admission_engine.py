@@ -14,9 +14,12 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.params import ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
 from inference.engine.kv_budget import (
+    PREFIX_CACHE_CAP,
+    PREFIX_CACHE_SHARE,
     configured_window,
     effective_window,
     kv_bytes_per_token,
+    prefix_cache_bytes,
     read_config,
     weight_bytes_estimate,
 )
@@ -120,6 +123,22 @@ def test_the_window_is_the_longest_whose_kv_cache_fits(stories_hf_dir):
     assert effective_window(512, per_token, 4, per_token * 4 * 300 + per_token) == 300
     assert effective_window(512, per_token, 4, 10**12) == 512
     assert effective_window(512, per_token, 4, -5) == 0
+
+
+def test_the_prefix_cache_gets_its_bytes_beyond_the_windows_never_more_than_fits(stories_hf_dir):
+    assert prefix_cache_bytes(None, 64 * 2**30) == PREFIX_CACHE_CAP  # automatic: capped...
+    assert prefix_cache_bytes(None, 2**30) == 2**30 // PREFIX_CACHE_SHARE  # ...and a share of what is left
+    assert prefix_cache_bytes(10**6, 2**30) == 10**6  # asked for: as asked...
+    assert prefix_cache_bytes(10**15, 2**30) == 2**30 and prefix_cache_bytes(None, -5) == 0  # ...as memory allows
+    per_block = kv_bytes_per_token(read_config(stories_hf_dir), 4) * 16
+    limits = ServingLimits(max_concurrent=2, prefix_cache_bytes=100 * per_block + per_block // 2)
+    hosted = HostedModel.load(
+        p.Load(request_id="load-1", name="stories", path=str(stories_hf_dir), limits=limits), "cpu"
+    )
+    pool = hosted.model.runner.cache.pool
+    assert pool.num_blocks == 2 * 512 // 16 + 100  # the two windows, then 100 whole blocks of cache
+    assert hosted.status().prefix_cache_bytes == 100 * per_block
+    assert hosted.kv_bytes == (2 * 512 // 16 + 1) * per_block  # the windows' blocks and the scratch one
 
 
 @in_module_loop

@@ -152,16 +152,17 @@ def test_every_reason_has_a_refusal():
 
 def test_serving_limits_from_the_options_and_settings():
     limits = serving_limits(LoadOptions())
-    assert (limits.max_concurrent, limits.max_sessions, limits.block_size, limits.kv_pool_tokens) == (8, 8, 16, 0)
+    assert (limits.max_concurrent, limits.max_sessions, limits.block_size) == (8, 8, 16)
+    assert limits.prefix_cache_bytes is None  # automatic: the worker sizes it from its free memory
     assert (limits.session_idle_ttl, limits.watch_grace) == (12 * 3600.0, 45.0)
     assert serving_limits(LoadOptions(max_sessions=3)).max_sessions == 3
     assert serving_limits(LoadOptions(max_sessions=3)).max_concurrent == 3
     assert serving_limits(LoadOptions(max_concurrent=2)).max_sessions == 2
     assert serving_limits(LoadOptions(max_concurrent=2, max_sessions=5)).max_sessions == 5
-    with override_settings(PANTHEON_SESSIONS=False, PANTHEON_KV_BLOCK_SIZE=32, PANTHEON_KV_POOL_TOKENS=4096,
+    with override_settings(PANTHEON_SESSIONS=False, PANTHEON_KV_BLOCK_SIZE=32, PANTHEON_PREFIX_CACHE_BYTES=2**20,
                            PANTHEON_SESSION_IDLE_TTL_S=60.0, PANTHEON_SESSION_WATCH_GRACE_S=5.0):  # fmt: skip
         limits = serving_limits(LoadOptions(max_sessions=3))
-        assert (limits.max_sessions, limits.block_size, limits.kv_pool_tokens) == (0, 32, 4096)
+        assert (limits.max_sessions, limits.block_size, limits.prefix_cache_bytes) == (0, 32, 2**20)
         assert (limits.session_idle_ttl, limits.watch_grace, limits.max_concurrent) == (60.0, 5.0, 3)
 
 

@@ -63,3 +63,11 @@ def test_a_running_load_is_drawn_with_its_tensors_and_bytes():
     html = render_to_string("admin_ui/models_live.html", {"instances": [row]})
     assert "3/12 tensors, 1.0\xa0MB of 4.0\xa0MB" in html
     assert 'style="width: 25%"' in html
+
+
+def test_the_prefix_cache_is_drawn_with_its_size_and_hit_rate():
+    row = {"id": "m", "state": "ready", "path": "/m", "device": "cpu", "max_sessions": 0}
+    row["prefix_cache"] = {"bytes": 4 * 2**30}
+    row["live"] = {"sessions": 0, "prefix_cache": {"lookup_tokens": 400, "hit_tokens": 300, "hit_rate": 0.75}}
+    html = render_to_string("admin_ui/models_live.html", {"instances": [row]})
+    assert "4.0\xa0GB," in html and ">75%<" in html and "300 of 400 prompt tokens" in html

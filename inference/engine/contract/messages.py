@@ -324,7 +324,7 @@ class Loaded(Message, tag="l"):
     device: str
     dtype: str
     weight_bytes: int
-    kv_bytes: int
+    kv_bytes: int  # the KV pool's bytes for the sequences' full windows; the prefix cache's are prefix_cache_bytes
     kv_dtype: str  # the KV pool's dtype ("float32", "float16", ...): the load option's, or the automatic choice
     context_window: int
     context_window_configured: int
@@ -339,6 +339,7 @@ class Loaded(Message, tag="l"):
     # How many linear layers hold their weights in each in-memory format ("int4", "int8", "float32", ...).
     linear_formats: dict[str, int] = msgspec.field(default_factory=dict)
     graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step as loaded
+    prefix_cache_bytes: int = 0  # the KV pool's bytes beyond the sequences' full windows (kv_budget.py)
 
 
 class Unloaded(Message, tag="u"):
@@ -367,6 +368,9 @@ class ModelStatus(msgspec.Struct, array_like=True, kw_only=True):
     sessions: int  # session ids holding KV
     prefill_tok_per_s: float  # measured prefill rate (0 before the first prefill)
     graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step now (it may fall back)
+    prefix_cache_bytes: int = 0  # as in Loaded
+    prefix_lookup_tokens: int = 0  # prompt tokens looked up in the prefix cache since the load
+    prefix_hit_tokens: int = 0  # of those, the tokens whose KV was reused
 
 
 class Status(Message, tag="i"):

@@ -115,10 +115,11 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     once) for up to `queue_timeout` seconds; prompts are prefilled `prefill_chunk` tokens per step; below
     `min_free_memory` bytes of free device memory new generations are refused (0: never).
 
-    The KV cache is a pool of `block_size`-position blocks, `kv_pool_tokens` positions in all (0: room for
-    `max_concurrent` sequences at the full context window). `max_sessions` session ids may keep KV between turns
-    (0: sessions are off, the session routes answer session_caching_disabled); an idle one is released after
-    `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
+    The KV cache is a pool of `block_size`-position blocks: room for `max_concurrent` sequences at the full context
+    window, and `prefix_cache_bytes` more for the prefix cache, as memory allows (None: an automatic share of the
+    free memory, kv_budget.prefix_cache_bytes; 0: no more than the windows). `max_sessions` session ids may keep KV
+    between turns (0: sessions are off, the session routes answer session_caching_disabled); an idle one is released
+    after `session_idle_ttl` seconds, a watched one `watch_grace` seconds after its last watch closed.
 
     A decode whose last `repetition_span` tokens repeat one period at least four times is ended with finish_reason
     "repetition_loop" (0: never; repetition.py).
@@ -132,7 +133,7 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     prefill_chunk: int = 128
     min_free_memory: int = 0
     block_size: int = 16
-    kv_pool_tokens: int = 0
+    prefix_cache_bytes: int | None = 0
     max_sessions: int = 0
     session_idle_ttl: float = 12 * 3600.0
     watch_grace: float = 45.0
@@ -145,8 +146,8 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
             raise ValueError("max_concurrent, prefill_chunk and block_size must be positive")
         if self.queue_depth < 0 or self.min_free_memory < 0 or not self.queue_timeout >= 0:
             raise ValueError("queue_depth, queue_timeout and min_free_memory must not be negative")
-        if self.kv_pool_tokens < 0 or self.max_sessions < 0:
-            raise ValueError("kv_pool_tokens and max_sessions must not be negative")
+        if (self.prefix_cache_bytes or 0) < 0 or self.max_sessions < 0:
+            raise ValueError("prefix_cache_bytes and max_sessions must not be negative")
         if not self.session_idle_ttl >= 0 or not self.watch_grace >= 0:
             raise ValueError("session_idle_ttl and watch_grace must not be negative")
         if self.repetition_span < 0:

@@ -61,15 +61,15 @@ def load_model(
     max_concurrent: int = 8,
     context_window: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    pool_tokens: int = 0,
+    cache_tokens: int = 0,
     kv_dtype: str | torch.dtype | None = None,
     attachable: bool = False,
     progress: ReadProgress | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
-    `pool_tokens` positions in blocks of `block_size` (0: `max_concurrent` full windows, see ModelRunner), in
-    `kv_dtype` (default: the weights' dtype).
+    `max_concurrent` full windows and `cache_tokens` positions more for the prefix cache (see ModelRunner), in blocks
+    of `block_size`, in `kv_dtype` (default: the weights' dtype).
     `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (model/stored_quant.py);
@@ -114,7 +114,7 @@ def load_model(
             max_concurrent=max_concurrent,
             context_window=context,
             block_size=block_size,
-            pool_tokens=pool_tokens,
+            cache_tokens=cache_tokens,
             kv_dtype=kv_dtype,
         ),
         eos_token_ids=list(dict.fromkeys(eos)),

@@ -9,8 +9,10 @@
  * step that takes ~2.7 ms alone took 7-8 ms with OpenMP's two threads, worse than one thread (docs/performance.md).
  * Here a preempted helper costs at most the chunk it holds: the calling thread goes on claiming the rest.
  *
- * One job at a time (the GIL is released around a call, but the engine steps one model at a time on one thread).
- * A job is published as a claim word, generation << 32 | next chunk; a helper claims with a compare-and-swap on it,
+ * One job at a time, under `job_lock`: the GIL is released around a call, and a worker's loop steps its models on
+ * one thread while a load with `compile` warms its decode step up on another, so two threads may call at once; the
+ * second waits for the first's job to end (docs/performance.md measures the lock on a decode step). A call too small
+ * to share runs on its calling thread and touches nothing of the pool. A job is published as a claim word, generation << 32 | next chunk; a helper claims with a compare-and-swap on it,
  * so a helper that still holds an older generation can never claim a chunk of a newer job. Jobs alternate between
  * two slots by generation, so a job's description is never rewritten while a helper may still read it. Helpers spin
  * for a short while after a job (the next kernel of a step follows within microseconds), then sleep on a futex.
@@ -46,10 +48,10 @@ static struct {
     _Atomic uint32_t generation; /* bumped per job; the word sleeping helpers wait on */
     _Atomic int sleepers;
     PoolJob jobs[2]; /* by generation parity */
-    int threads;     /* the calling thread included */
-    int helpers;     /* started so far */
-    pthread_mutex_t start_lock;
-} pool = {.threads = 1, .start_lock = PTHREAD_MUTEX_INITIALIZER};
+    _Atomic int threads; /* the calling thread included */
+    int helpers;         /* started so far (under job_lock) */
+    pthread_mutex_t job_lock;
+} pool = {.threads = 1, .job_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static inline void pool_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -121,20 +123,17 @@ static void *pool_helper(void *unused) {
 /* Runs fn(ctx, c) for every c in [0, total), on the calling thread and the pool's helpers; returns when all ran.
  * `parallel` 0 keeps the call on the calling thread (work too small to share). */
 static void pool_run(ChunkFn fn, void *ctx, int64_t total, int parallel) {
-    const int threads = pool.threads;
+    const int threads = atomic_load(&pool.threads);
     if (!parallel || threads <= 1 || total <= 1) {
         for (int64_t c = 0; c < total; c++) fn(ctx, c);
         return;
     }
-    if (pool.helpers < threads - 1) {
-        pthread_mutex_lock(&pool.start_lock);
-        while (pool.helpers < threads - 1) {
-            pthread_t thread;
-            if (pthread_create(&thread, NULL, pool_helper, NULL) != 0) break; /* fewer helpers: still correct */
-            pthread_detach(thread);
-            pool.helpers++;
-        }
-        pthread_mutex_unlock(&pool.start_lock);
+    pthread_mutex_lock(&pool.job_lock);
+    while (pool.helpers < threads - 1) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, pool_helper, NULL) != 0) break; /* fewer helpers: still correct */
+        pthread_detach(thread);
+        pool.helpers++;
     }
     const uint32_t generation = atomic_load(&pool.generation) + 1;
     pool.jobs[generation & 1] = (PoolJob){fn, ctx, total};
@@ -144,9 +143,10 @@ static void pool_run(ChunkFn fn, void *ctx, int64_t total, int parallel) {
     if (atomic_load(&pool.sleepers) > 0) pool_wake_all();
     const int64_t mine = pool_work(generation, 0);
     while (atomic_load_explicit(&pool.done, memory_order_acquire) + mine < total) pool_relax();
+    pthread_mutex_unlock(&pool.job_lock);
 }
 
 /* How many threads (the calling one included) the kernels share their work among; helpers start on first use. */
 static void pool_set_threads(int threads) {
-    pool.threads = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
+    atomic_store(&pool.threads, threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads);
 }

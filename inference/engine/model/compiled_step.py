@@ -78,7 +78,7 @@ class OpaqueLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out_features]
-        if self.traced or not torch.compiler.is_compiling():
+        if self.traced or not torch.compiler.is_dynamo_compiling():
             return self.layer(x)
         return linear_layer(x, self.index, self.out_features)
 
@@ -257,6 +257,8 @@ class DecodeGraphs:
         self.threads = torch.get_num_threads()  # the intra-op threads the graphs were made for
         self.warmup_ms = 0.0
         self.bucket_ms: dict[int, float] = {}  # each bucket's share of the warm-up
+        self.pending = list(reversed(self.buckets))  # not warmed up yet; CUDA graphs share one memory pool, the
+        # largest captured first
         self.fallback_reason: str | None = None
         self.graph = DecodeGraph(runner.model)
         self.inputs = StepInputs(runner.cache, self.buckets[-1])
@@ -267,16 +269,18 @@ class DecodeGraphs:
 
     # -- the warm-up ----------------------------------------------------------------------------------------------
 
-    def warm_up(self, *, threads: int | None = None) -> None:
-        """Compiles (or captures) every bucket now, with `threads` intra-op threads (the number the steps will run
-        with: the C++ kernels are generated for it); on any failure the runner stays eager, with the reason."""
+    def warm_up(self, *, threads: int | None = None, buckets: int | None = None) -> bool:
+        """Compiles (or captures) the next `buckets` buckets not warmed up yet (None: every one) now, with `threads`
+        intra-op threads (the number the steps will run with: the C++ kernels are generated for it); on any failure
+        the runner stays eager, with the reason. Returns whether buckets remain: no step uses the graphs until none
+        does, so a worker may warm them up one at a time between its other models' steps."""
         started = time.perf_counter()
         previous = torch.get_num_threads()
         try:
             if threads is not None:
                 torch.set_num_threads(threads)
             self.threads = torch.get_num_threads()
-            if not self.cuda:
+            if not self.cuda and self._compiled is None:
                 self._compiled = torch.compile(
                     self.graph,
                     backend=self.backend,
@@ -285,18 +289,20 @@ class DecodeGraphs:
                     isolate_recompiles=True,
                     options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
                 )
-            for bucket in reversed(self.buckets):  # CUDA graphs share one memory pool, the largest captured first
+            for _ in range(len(self.pending) if buckets is None else min(buckets, len(self.pending))):
+                bucket = self.pending.pop(0)
                 bucket_started = time.perf_counter()
                 self._warm_bucket(bucket)
                 self.bucket_ms[bucket] = 1000 * (time.perf_counter() - bucket_started)
-            self.backend.sealed = True
+            self.backend.sealed = not self.pending
         except Exception as exc:  # whatever went wrong, serving goes on eagerly and says why
             log.warning("the decode graphs' warm-up failed; decoding eagerly", exc_info=True)
             self.fall_back(f"warm-up failed: {type(exc).__name__}: {first_line(exc)}")
         finally:
             if threads is not None:
                 torch.set_num_threads(previous)
-            self.warmup_ms = 1000 * (time.perf_counter() - started)
+            self.warmup_ms += 1000 * (time.perf_counter() - started)
+        return bool(self.pending)
 
     def _warm_bucket(self, bucket: int) -> None:
         """Runs one decode step of `bucket` fresh one-token rows through the graph (its first run compiles it)."""
@@ -322,7 +328,7 @@ class DecodeGraphs:
         """Logits [B, 1, V] of a decode step whose view the caller made, or None: run it eagerly (mode eager, or a
         batch larger than every bucket). A failing step sends the runner back to eager for good (the caller then
         runs the step eagerly: it rewrites the same KV rows)."""
-        if self.mode == "eager":
+        if self.mode == "eager" or self.pending:
             return None
         bucket = next((b for b in self.buckets if b >= len(token_ids)), None)
         if bucket is None:
@@ -352,7 +358,7 @@ class DecodeGraphs:
 
     def fall_back(self, reason: str) -> None:
         """Serves eagerly from now on, and says why in the model's `graphs` report."""
-        self.mode, self.fallback_reason, self.buckets = "eager", reason, []
+        self.mode, self.fallback_reason, self.buckets, self.pending = "eager", reason, [], []
         self._compiled = None
         self._captured.clear()
 

@@ -18,6 +18,12 @@ tensor of that size per layer and step costs more in page faults on a CPU than t
 
 Only full blocks are shared. Before a slot writes into a partial last block that others hold or that is named as
 a cached prefix (after `truncate`), the block is copied (copy on write).
+
+The pool is allocated empty and a block is zeroed when it is first handed out (with the next few, in one op per
+layer), not all at once: the pool includes the prefix cache's budget (kv_budget.py), and on a CPU memory that was
+never written costs nothing, so the cache takes the host's memory as it fills rather than at load. Zeroes matter
+because a step reads a block's positions past a row's length (masked: weight 0, but 0 times a NaN left in
+uninitialized memory is NaN); a block that held KV before holds finite values.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from inference.engine.errors import ContextOverflow
 from inference.engine.model.block_pool import BlockPool, chain_keys
 from inference.engine.model.long_tensor import long_tensor
 from inference.engine.model.paged_attention import kernel_serves
+
+ZEROED_AT_ONCE = 64  # blocks zeroed together when a fresh one is first handed out
 
 
 @dataclass(slots=True)
@@ -83,8 +91,13 @@ class KVCache:
         self.pool = BlockPool(num_blocks, block_size)
         self.scratch = num_blocks  # the block past the pool, see the module docstring
         shape = (num_kv_heads, num_blocks + 1, block_size, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._zeroed = 0  # blocks below this were zeroed (see the module docstring)
+        for layer in (*self.keys, *self.values):
+            layer[:, self.scratch].zero_()
+        self.lookup_tokens = 0  # prompt tokens reuse_prefix looked up, since the pool was made
+        self.hit_tokens = 0  # of those, the tokens it reused
         self._tables: dict[int, BlockTable] = {}
         self._next_slot = 0
         self._positions = torch.arange(context_window, device=device)
@@ -141,7 +154,7 @@ class KVCache:
         if length % self.block_size:
             last = table.blocks[-1]
             if self.pool.refs[last] > 1 or self.pool.is_named(last):
-                copy = self.pool.allocate()
+                copy = self._allocate()
                 for layer in (*self.keys, *self.values):
                     layer[:, copy] = layer[:, last]
                 self.pool.release(last)
@@ -173,13 +186,15 @@ class KVCache:
         if common:
             self.pool.hold(source)  # an allocation below may otherwise take it back from the cache
             try:
-                copy = self.pool.allocate()
+                copy = self._allocate()
             finally:
                 self.pool.release(source)
             for layer in (*self.keys, *self.values):
                 layer[:, copy, :common] = layer[:, source, :common]
             table.blocks.append(copy)
             table.token_ids += rest[:common]
+        self.lookup_tokens += len(token_ids)
+        self.hit_tokens += len(table.token_ids)
         return len(table.token_ids)
 
     def advance(self, slot: int, token_ids: list[int]) -> None:
@@ -203,7 +218,17 @@ class KVCache:
     def _reserve(self, table: BlockTable, length: int) -> None:
         """Allocates the blocks positions `[0, length)` need (KVCacheFull when the pool has no more)."""
         while len(table.blocks) * self.block_size < length:
-            table.blocks.append(self.pool.allocate())
+            table.blocks.append(self._allocate())
+
+    def _allocate(self) -> int:
+        """A block from the pool (KVCacheFull when it has none), zeroed first if it was never handed out before."""
+        block = self.pool.allocate()
+        if block >= self._zeroed:
+            end = min(self.scratch, max(block + 1, self._zeroed + ZEROED_AT_ONCE))
+            for layer in (*self.keys, *self.values):
+                layer[:, self._zeroed : end].zero_()
+            self._zeroed = end
+        return block
 
     # -- copying a slot's KV out and in (session export and restore) -------------------------------------------
 

@@ -34,15 +34,16 @@ def attention_backends(device: torch.device) -> contextlib.AbstractContextManage
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def pool_blocks(pool_tokens: int, block_size: int) -> int:
-    """Blocks for `pool_tokens` positions."""
-    return -(-pool_tokens // block_size)
+def pool_blocks(positions: int, block_size: int) -> int:
+    """Blocks for `positions` positions."""
+    return -(-positions // block_size)
 
 
 class ModelRunner:
-    """Runs a model's forward steps over a KV pool of `pool_tokens` positions, and never fewer than `max_concurrent`
-    sequences at the full `context_window` need: the sequences the scheduler runs can always grow to the window, by
-    taking back cached blocks and idle sessions' blocks if need be (sessions.py). The pool holds keys and values in
+    """Runs a model's forward steps over a KV pool with room for `max_concurrent` sequences at the full
+    `context_window`, and `cache_tokens` positions more (whole blocks of them) for the prefix cache: the sequences the
+    scheduler runs can always grow to the window, by taking back cached blocks and idle sessions' blocks if need be
+    (sessions.py), and what they leave behind stays findable in the rest. The pool holds keys and values in
     `kv_dtype` (default: the model's dtype); attention computes in the model's dtype whatever the pool's."""
 
     def __init__(
@@ -52,7 +53,7 @@ class ModelRunner:
         max_concurrent: int,
         context_window: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
-        pool_tokens: int = 0,
+        cache_tokens: int = 0,
         kv_dtype: torch.dtype | None = None,
     ):
         config = model.config
@@ -62,10 +63,11 @@ class ModelRunner:
         self.vocab_size = config.vocab_size
         self.device = model.norm.weight.device
         per_sequence = pool_blocks(context_window, block_size)
+        self.cache_blocks = cache_tokens // block_size  # the pool's blocks beyond the sequences' full windows
         with torch.inference_mode():
             self.cache = KVCache(
                 num_layers=config.num_layers,
-                num_blocks=max(pool_blocks(pool_tokens, block_size), max_concurrent * per_sequence),
+                num_blocks=max_concurrent * per_sequence + self.cache_blocks,
                 block_size=block_size,
                 num_kv_heads=config.num_kv_heads,
                 context_window=context_window,
@@ -74,21 +76,33 @@ class ModelRunner:
                 device=self.device,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
+        self._warm_up_threads: int | None = None  # what compile_decode(now=False) asked warm_up_next to use
         self.plan = DecodePlan.build(model)  # the decode step as kernel calls, where the model allows (decode_plan.py)
 
-    def compile_decode(self, *, threads: int | None = None, buckets: list[int] | None = None) -> DecodeGraphs:
+    def compile_decode(
+        self, *, threads: int | None = None, buckets: list[int] | None = None, now: bool = True
+    ) -> DecodeGraphs:
         """Compiles (CPU) or captures (CUDA) the decode step for each batch-size bucket (default: powers of two up
-        to `max_concurrent`, and it), now: slow, seconds per bucket on a CPU. `threads` is the number of intra-op
-        threads the steps will run with (the C++ kernels are generated for it). A failure to compile does not
-        raise: decode stays eager, with the reason in the returned report. A batch larger than every bucket decodes
+        to `max_concurrent`, and it): `now`, slow, seconds per bucket on a CPU, or (now=False) bucket by bucket as
+        `warm_up_next` is called. `threads` is the number of intra-op threads the steps will run with (the C++
+        kernels are generated for it). A failure to compile does not raise: decode stays eager, with the reason in
+        the returned report. A batch larger than every bucket, or any batch before every bucket is warm, decodes
         eagerly."""
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
-        graphs = DecodeGraphs(self, buckets)
+        self.graphs = DecodeGraphs(self, buckets)
+        self._warm_up_threads = threads
+        if now:
+            with attention_backends(self.device):
+                self.graphs.warm_up(threads=threads)
+        return self.graphs
+
+    def warm_up_next(self) -> bool:
+        """Compiles or captures the next bucket a `compile_decode(now=False)` left; whether any remain after it."""
+        if self.graphs is None or not self.graphs.pending:
+            return False
         with attention_backends(self.device):
-            graphs.warm_up(threads=threads)
-        self.graphs = graphs
-        return graphs
+            return self.graphs.warm_up(threads=self._warm_up_threads, buckets=1)
 
     def allocate_slot(self) -> int:
         """A new, empty slot (blocks are taken as tokens are written; KVCacheFull when the pool has none left)."""

@@ -46,7 +46,7 @@ class RMSNorm(nn.Module):
         done by the norm that reads it: one call fewer per norm)."""
         # x, residual: [..., dim] -> [..., dim]
         # one C call (pointwise.py); a compiled step traces torch's, which the compiler fuses
-        if self.weight.dim() == 1 and kernel_serves(x, self.weight) and not torch.compiler.is_compiling():
+        if self.weight.dim() == 1 and kernel_serves(x, self.weight) and not torch.compiler.is_dynamo_compiling():
             return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x.add_(residual)
@@ -140,7 +140,7 @@ class TransposedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
-        if torch.compiler.is_compiling():  # the compiled step traces the plain product, which inductor fuses
+        if torch.compiler.is_dynamo_compiling():  # the compiled step traces the plain product, which inductor fuses
             out = x @ self.weight_t
             return out if self.bias is None else out + self.bias
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
