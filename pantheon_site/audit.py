@@ -19,6 +19,13 @@ from pantheon_site.models import AccessToken, AuditChainHead, AuditEvent, Outcom
 logger = logging.getLogger("pantheon.audit")
 
 
+def _within(value: str, field: str) -> str:
+    """`value` cut to the column's length: what a refused call was about may be anything a client sent (a load's
+    path of any length), and the refusal must still be recorded (PostgreSQL refuses an over-long value)."""
+    limit = AuditEvent._meta.get_field(field).max_length
+    return value if len(value) <= limit else value[: limit - 1] + "…"
+
+
 def _fields(
     operation: str,
     outcome: str,
@@ -49,7 +56,7 @@ def _fields(
         "reason": reason,
         "actor_kind": actor_kind,
         "actor_label": actor_label,
-        "model": model,
+        "model": _within(model, "model"),
         "request_id": request_id,
         "client_address": client_address,
         "duration_ms": duration_ms,

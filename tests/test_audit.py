@@ -47,6 +47,14 @@ def test_an_event_records_who_what_and_why(event):
     assert row.occurred_at is not None
 
 
+def test_a_refusal_about_an_over_long_name_is_recorded_cut_to_the_column():
+    path = "/models/" + "x" * 300  # what a hostile load names; PostgreSQL refuses it whole in a 200-char column
+    record_audit_event("model_load", "refused", actor_kind="token", model=path)
+    stored = AuditEvent.objects.get().model
+    limit = AuditEvent._meta.get_field("model").max_length
+    assert len(stored) == limit and stored.startswith("/models/xxx") and stored.endswith("…")
+
+
 def test_outcome_must_be_accepted_or_refused():
     with pytest.raises(ValueError):
         record_audit_event("x", "maybe", actor_kind="cli")
