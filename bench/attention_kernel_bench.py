@@ -1,4 +1,4 @@
-"""The paged decode-attention kernel alone (model/paged_attention.py): one decode step's RoPE, KV store and
+"""The paged decode-attention kernel alone (kernels/paged_attention.py): one decode step's RoPE, KV store and
 attention for N rows over every layer of the 85M model's shape (12 layers, 12 heads of 64, 16-position blocks, each
 row's blocks interleaved with the others' as a lockstep batch takes them), per pool dtype and context length.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import inference.engine.model.paged_attention as paged_attention  # noqa: E402
+import inference.engine.kernels.paged_attention as paged_attention  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 12, 12, 64, 16
 ROUNDS = 40

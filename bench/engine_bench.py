@@ -1,7 +1,7 @@
 """Engine-only throughput: prefill and decode tokens/s at batch 1, 8 and 32, with no HTTP or IPC in the way.
 
 Models: stories260K (the real tiny model) and a random ~85M-parameter Llama (bench/random_model.py), from its HF
-directory and as GGUF in F32, Q8_0 and Q4_0 (in memory: float32, then what model/stored_quant.py picks for this CPU).
+directory and as GGUF in F32, Q8_0 and Q4_0 (in memory: float32, then what quant/stored_quant.py picks for this CPU).
 Decode is greedy (argmax of the batch's logits). Also measures this machine's copy bandwidth, to put batch-1 decode
 next to its floor: weight bytes read per token / bandwidth. Run: .venv/bin/python bench/engine_bench.py [--models DIR]
 """

@@ -1,7 +1,7 @@
 """A one-shot check of the engine on a CUDA machine, made for a lent GPU with minutes of budget and no network: does
 the engine's bfloat16 forward agree with transformers', and how fast does it decode at batch 1, 8 and 32, eagerly
 and with each decode step captured as a CUDA graph by the engine's own `ModelRunner.compile_decode` (the load option
-`compile`; model/compiled_step.py), whose greedy tokens are first held to the eager decode's.
+`compile`; execution/compiled_step.py), whose greedy tokens are first held to the eager decode's.
 
 The model is bench/random_model.py's random Llama (its shape and weights) with a word-level tokenizer written here:
 the stories260K files that script copies its tokenizer from are not on a bare machine, and the check feeds token ids.
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from random_model import SHAPES as BENCH_SHAPES  # noqa: E402
 from random_model import _random_tensors  # noqa: E402
 
+from inference.engine.execution.runner import ModelRunner  # noqa: E402
 from inference.engine.loaders.loading import load_model  # noqa: E402
-from inference.engine.model.runner import ModelRunner  # noqa: E402
 
 VOCAB_SIZE = 512  # stories260K's, as random_model.py gives its model
 SHAPES = {

@@ -25,7 +25,7 @@ SHAPE = {"hidden_size": 768, "intermediate_size": 2048, "num_layers": 12, "num_h
 
 def decode_ms(kernel: Path, steps: int, threads: int) -> float:
     """Median ms of a one-row decode step with `kernel` as the `_matmul` extension."""
-    name = "inference.engine.model._matmul"
+    name = "inference.engine.kernels._matmul"
     spec = importlib.util.spec_from_file_location(name, kernel)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -33,9 +33,9 @@ def decode_ms(kernel: Path, steps: int, threads: int) -> float:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from inference.engine.model import matmul_kernel
+    from inference.engine.execution.runner import ModelRunner
+    from inference.engine.kernels import matmul as matmul_kernel
     from inference.engine.model.config import ModelConfig
-    from inference.engine.model.runner import ModelRunner
     from inference.engine.model.transformer import Transformer, expected_hf_shapes
 
     torch.set_num_threads(1)

@@ -79,11 +79,11 @@ def session_ttft(model_dir: Path, chunk: int, repeats: int, seed: int) -> list[d
     returns the turn's first token, and the prompt tokens each turn found cached."""
     from inference.engine.contract.messages import Started, Tokens
     from inference.engine.contract.params import SamplingParams
+    from inference.engine.kv.sessions import SessionTable
     from inference.engine.loaders.loading import load_model
     from inference.engine.sampler import SequenceSampling
     from inference.engine.scheduler import Scheduler
     from inference.engine.sequence import Sequence
-    from inference.engine.sessions import SessionTable
     from inference.engine.text.detokenizer import IncrementalDetokenizer
 
     model = load_model(model_dir, max_concurrent=DECODE_SLOTS, context_window=LONG_CONTEXT_LIMIT)

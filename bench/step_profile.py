@@ -2,7 +2,7 @@
 GGUF format (bench/random_model.py), its self CPU time per op summed into groups (linear layers, attention (the C
 kernel's RoPE and KV store included), the paged KV cache's writes and gathers, norms, SwiGLU, everything else), in ms
 per step, next to the step's wall time and the batch-1 bandwidth floor (weight bytes per token / copy bandwidth, as
-in bench/engine_bench.py). The wall time is the served step's (model/decode_plan.py where the model has a plan, with
+in bench/engine_bench.py). The wall time is the served step's (execution/decode_plan.py where the model has a plan, with
 the threads step_threads.py gives a two-thread worker); the groups are the module forward's, whose calls the
 profiler can label (`forward` is its wall time).
 
@@ -24,9 +24,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.engine_bench import copy_bandwidth_gbs  # noqa: E402
 from bench.random_model import write_quantized_gguf, write_random_llama  # noqa: E402
+from inference.engine.execution.step_threads import apply_step_threads, choose_step_threads  # noqa: E402
+from inference.engine.kernels import matmul as matmul_kernel  # noqa: E402
+from inference.engine.kernels import pointwise
 from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
-from inference.engine.model import block_quant, matmul_kernel, pointwise, transformer  # noqa: E402
-from inference.engine.step_threads import apply_step_threads, choose_step_threads  # noqa: E402
+from inference.engine.model import transformer  # noqa: E402
+from inference.engine.quant import block_quant  # noqa: E402
 
 STEPS = 10
 # The C kernels are no aten ops: each is profiled as a labelled range.

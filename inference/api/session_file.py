@@ -9,7 +9,7 @@ PANTHEON_SESSION_RESTORE_MAX_BYTES). It holds what export's JSON holds that rest
     tokens   n_tok x u32    the token ids
     blob     the rest       the session blob, byte for byte what export's `blob_b64` decodes to
 
-Every integer is little-endian. The blob's own format is the engine's (inference/engine/session_blob.py).
+Every integer is little-endian. The blob's own format is the engine's (inference/engine/kv/session_blob.py).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ import torch
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
+from inference.engine.execution.step_threads import StepThreads
 from inference.engine.grammar import GrammarCompiler, GrammarError
-from inference.engine.kv_budget import (
+from inference.engine.kv.kv_budget import (
     MIN_WINDOW,
     configured_window,
     effective_window,
@@ -33,15 +34,14 @@ from inference.engine.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
+from inference.engine.kv.session_blob import SessionSnapshot
+from inference.engine.kv.session_calls import SessionCall, answer
+from inference.engine.kv.sessions import SessionTable
 from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
-from inference.engine.session_blob import SessionSnapshot
-from inference.engine.session_calls import SessionCall, answer
-from inference.engine.sessions import SessionTable
-from inference.engine.step_threads import StepThreads
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text

@@ -29,11 +29,11 @@ import torch
 
 from inference.engine.contract.messages import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
 from inference.engine.contract.reasons import Reason
-from inference.engine.model.runner import ModelRunner
+from inference.engine.execution.runner import ModelRunner
+from inference.engine.kv.sessions import SessionTable
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
-from inference.engine.sessions import SessionTable
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
 

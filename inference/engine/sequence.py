@@ -19,7 +19,7 @@ from inference.engine.think_block import ThinkBlock
 if TYPE_CHECKING:
     import llguidance
 
-    from inference.engine.sessions import Conversation, Session
+    from inference.engine.kv.sessions import Conversation, Session
 
 STOP = "stop"
 LENGTH = "length"

@@ -9,9 +9,9 @@ from torch import nn
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import SamplingParams
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import PackedLinear, Transformer
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler

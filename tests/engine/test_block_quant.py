@@ -1,4 +1,4 @@
-"""The block kernel (model/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
+"""The block kernel (quant/block_quant.py, _matmul.c): a Q4_0 or Q8_0 file's blocks come back exactly from
 their float32 expansion, a K-quant's (Q4_K, Q5_K, Q6_K) or a Q5_0, Q4_1 or Q5_1 file's from its bytes, and the
 kernel's products are the exact block sums of the quantized activations and weights, for each format, any number
 of rows and output features (its tiles of 4 x 2 and 1 x 4 and every remainder), rows padded to whole super-blocks,
@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import dequantize
-from inference.engine.model.block_quant import (
+from inference.engine.quant.block_quant import (
     BLOCK,
     KERNEL,
     Q4_0Linear,
@@ -39,6 +38,7 @@ from inference.engine.model.block_quant import (
     encode_q6_k,
     encode_q8_0,
 )
+from inference.engine.quant.gguf_dequant import dequantize
 from tests.engine.test_gguf_quant import encode as random_blocks
 
 Q = gguf.GGMLQuantizationType

@@ -1,4 +1,4 @@
-"""The compiled decode step (model/compiled_step.py) on the real stories260K GGUF: greedy tokens identical to the
+"""The compiled decode step (execution/compiled_step.py) on the real stories260K GGUF: greedy tokens identical to the
 eager forward's, alone and in a padded batch of different prompts, and every failure reported as a fallback to eager.
 
 Compiling costs seconds per bucket, so the compiled runner is built once, with the two buckets the tests use."""
@@ -14,13 +14,13 @@ import torch
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
+from inference.engine.execution.compiled_step import DecodeGraphs, decode_buckets
+from inference.engine.execution.runner import ModelRunner
+from inference.engine.execution.step_threads import StepThreads
 from inference.engine.hosted_model import HostedModel, compiles_decode
+from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.loaders.loading import LoadedModel, load_model
-from inference.engine.model import matmul_kernel
-from inference.engine.model.compiled_step import DecodeGraphs, decode_buckets
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import FloatLinear
-from inference.engine.step_threads import StepThreads
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
 STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)

@@ -1,4 +1,4 @@
-"""The decode plan (model/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
+"""The decode plan (execution/decode_plan.py): decode steps through it give the model forward's logits bit for bit, on
 stories260K (small transposed layers, grouped-query attention), and on a wider random llama with its layers in the
 file's Q4_0 blocks, its Q4_K and Q6_K ones (some fused from both; the embedding too, as the file's rows), Q5_0 and
 Q8_0 ones in padded rows, or in float32 on the C kernel; batches of rows of different lengths, one step after
@@ -12,12 +12,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from inference.engine.execution.decode_plan import DecodePlan
+from inference.engine.execution.runner import ModelRunner
+from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model import matmul_kernel
-from inference.engine.model.decode_plan import DecodePlan
-from inference.engine.model.runner import ModelRunner
-from inference.engine.model.stored_embedding import StoredEmbedding
 from inference.engine.model.transformer import FloatLinear, Transformer
+from inference.engine.quant.stored_embedding import StoredEmbedding
 from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_narrow_rows_gguf, write_wide_gguf
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]

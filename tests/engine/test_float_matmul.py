@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.model import matmul_kernel
+from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear, cpu_linears
 
 needs_kernel = pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA")

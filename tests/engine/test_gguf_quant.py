@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as Q
 
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf import read_gguf
-from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
+from inference.engine.quant.gguf_dequant import SUPPORTED_TYPES, dequantize
 from tests.engine.gguf_builders import hf_permute, write_gguf
 
 # The types decoded by this project's own torch code, then those gguf-py's decoder does for it.

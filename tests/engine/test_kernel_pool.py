@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.model import matmul_kernel
+from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.model.transformer import FloatLinear
 
 CALLS = 300

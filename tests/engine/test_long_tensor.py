@@ -1,5 +1,5 @@
 """long_tensor: the int lists a step builds (token ids, KV indices) as int64 tensors, on a CPU through an array's
-buffer (model/long_tensor.py)."""
+buffer (kv/long_tensor.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import torch
 
-from inference.engine.model.long_tensor import long_tensor
+from inference.engine.kv.long_tensor import long_tensor
 
 
 def test_ints_become_the_same_int64_tensor_as_torch_makes_and_outlive_their_list():

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer
 
 TINY = dict(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from inference.engine.errors import KVCacheFull
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."

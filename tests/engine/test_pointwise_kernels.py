@@ -1,4 +1,4 @@
-"""The C row-wise kernels (model/pointwise.py) compute what torch's ops compute: RMSNorm, with and without the
+"""The C row-wise kernels (kernels/pointwise.py) compute what torch's ops compute: RMSNorm, with and without the
 residual add before it, and SwiGLU, on one row and on enough rows to run threaded; the model's layers go through
 them for float32 on the CPU."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.engine.model import pointwise as kernel
+from inference.engine.kernels import pointwise as kernel
 from inference.engine.model.transformer import FeedForward, RMSNorm
 
 

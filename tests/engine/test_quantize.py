@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.loading import linear_formats, load_model
-from inference.engine.model import quantize as quantize_module
-from inference.engine.model.block_quant import KERNEL
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer, expected_hf_shapes
+from inference.engine.quant import quantize as quantize_module
+from inference.engine.quant.block_quant import KERNEL
+from inference.engine.quant.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
 
 # (max abs, relative) on stories260K and relative on the random model, for 8-bit or 7-bit activations
 STORIES_MAX_ABS, STORIES_REL, RANDOM_REL = (2.0, 0.05, 0.2) if REDUCE_RANGE else (1.2, 0.035, 0.1)

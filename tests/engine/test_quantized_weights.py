@@ -13,10 +13,12 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
-from inference.engine.model.block_quant import (
+from inference.engine.model.transformer import Transformer, linear_sources
+from inference.engine.quant.block_quant import (
     BlockParts,
     decode_q4_1,
     decode_q4_k,
@@ -26,11 +28,9 @@ from inference.engine.model.block_quant import (
     decode_q6_k,
     decode_q8_0,
 )
-from inference.engine.model.int4 import GROUP_SIZE, group_quantize
-from inference.engine.model.runner import ModelRunner
-from inference.engine.model.stored_embedding import StoredEmbedding
-from inference.engine.model.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
-from inference.engine.model.transformer import Transformer, linear_sources
+from inference.engine.quant.int4 import GROUP_SIZE, group_quantize
+from inference.engine.quant.stored_embedding import StoredEmbedding
+from inference.engine.quant.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 
@@ -51,9 +51,9 @@ WIDE_NORMS = {name: (2 * width,) for name, (width,) in NORMS.items()}
 
 # max |logit difference| / max |reference logit| on these models, per in-memory form and stored type. q4_0, q8_0,
 # q4_k, q5_k, q6_k of the same type: the file's blocks, activations quantized to 8 bits per 32 values
-# (model/block_quant.py); int4: the bfloat16 rounding of
-# activations, scales and zeros (the file's 16 levels are kept, model/int4.py); int8: the weights requantized per
-# output channel and the activations per call (7 bits on a CPU without VNNI, model/quantize.py).
+# (quant/block_quant.py); int4: the bfloat16 rounding of
+# activations, scales and zeros (the file's 16 levels are kept, quant/int4.py); int8: the weights requantized per
+# output channel and the activations per call (7 bits on a CPU without VNNI, quant/quantize.py).
 # docs/quantized-weights.md lists what was measured.
 TOLERANCE = {
     ("q4_0", "Q4_0"): 0.02,

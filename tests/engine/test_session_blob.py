@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import torch
 
-from inference.engine.session_blob import (
+from inference.engine.kv.session_blob import (
     BadSessionBlob,
     SessionLayout,
     SessionSnapshot,

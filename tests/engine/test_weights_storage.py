@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from inference.engine.contract.checkpoint import CheckpointCorrupt
+from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.runner import ModelRunner
 from inference.engine.model.transformer import Transformer, expected_hf_shapes
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,

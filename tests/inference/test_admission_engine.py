@@ -13,7 +13,7 @@ from inference.engine import worker as worker_module
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
-from inference.engine.kv_budget import (
+from inference.engine.kv.kv_budget import (
     PREFIX_CACHE_CAP,
     PREFIX_CACHE_SHARE,
     configured_window,

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from inference.engine.contract import messages as p
-from inference.engine.model import matmul_kernel
-from inference.engine.step_threads import SMALL_MODEL_PARAMETERS
+from inference.engine.execution.step_threads import SMALL_MODEL_PARAMETERS
+from inference.engine.kernels import matmul as matmul_kernel
 from inference.runtime.supervisor import WorkerSupervisor
 from tests.inference.engine_calls import generate, load
 

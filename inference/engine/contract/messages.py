@@ -301,7 +301,7 @@ class Error(Message, tag="e"):
 
 
 class DecodeGraphs(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
-    """How a model's decode step runs (model/compiled_step.py): `mode` "compiled" (torch.compile, CPU),
+    """How a model's decode step runs (execution/compiled_step.py): `mode` "compiled" (torch.compile, CPU),
     "cuda_graphs" (a captured CUDA graph per bucket) or "eager"; the batch-size `buckets` holding a graph; the
     warm-up's milliseconds at load; and why it runs eagerly when it was asked to compile (`fallback_reason`: the
     warm-up failed, or a step did and every later one runs eagerly). Mode "eager" with no reason: not asked for."""

@@ -28,11 +28,11 @@ import torch
 from inference.engine.contract.checkpoint import GGUF_MAGIC
 from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
-from inference.engine.loaders.gguf_dequant import SUPPORTED_TYPES, dequantize
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.stored_quant import EMBEDDING, FILE_BYTES_TYPES, QUANTIZED_TYPES
 from inference.engine.model.transformer import expected_hf_shapes
+from inference.engine.quant.gguf_dequant import SUPPORTED_TYPES, dequantize
+from inference.engine.quant.stored_quant import EMBEDDING, FILE_BYTES_TYPES, QUANTIZED_TYPES
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -85,8 +85,8 @@ class GGUFCheckpoint:
     reader: gguf.GGUFReader  # kept for the tokenizer and chat template in the file's metadata
     tensor_types: dict[str, str]  # each tensor's ggml type name in the file ("F32", "Q8_0", "Q4_K", ...), by HF name
     # The file's bytes [rows, bytes per row] of each tensor of a type in FILE_BYTES_TYPES, rows in the floats' order:
-    # layers that keep such a type in memory are made from them (model/block_quant.py); and of a quantized token
-    # embedding, which may stay as its rows (model/stored_embedding.py).
+    # layers that keep such a type in memory are made from them (quant/block_quant.py); and of a quantized token
+    # embedding, which may stay as its rows (quant/stored_embedding.py).
     file_bytes: dict[str, torch.Tensor]
 
 

@@ -16,16 +16,16 @@ import torch
 from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.checkpoint import checkpoint_format as contract_checkpoint_format
 from inference.engine.errors import LoadError
+from inference.engine.execution.runner import DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.model.block_quant import BlockParts
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.int4 import Int4Linear
-from inference.engine.model.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
-from inference.engine.model.runner import DEFAULT_BLOCK_SIZE, ModelRunner
-from inference.engine.model.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from inference.engine.model.transformer import FloatLinear, PackedLinear, Transformer, TransposedLinear
+from inference.engine.quant.block_quant import BlockParts
+from inference.engine.quant.int4 import Int4Linear
+from inference.engine.quant.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
+from inference.engine.quant.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
 
@@ -72,7 +72,7 @@ def load_model(
     of `block_size`, in `kv_dtype` (default: the weights' dtype).
     `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
-    left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (model/stored_quant.py);
+    left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (quant/stored_quant.py);
     dtype float32 expands them."""
     path = Path(path)
     device = torch.device(device)
@@ -173,8 +173,8 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
 
 def linear_formats(model: torch.nn.Module) -> dict[str, int]:
     """How many linear layers keep their weights in each in-memory format: a block form ("q4_0", "q8_0", "q4_k",
-    "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "q3_k"; model/block_quant.py; a layer fused from several, its parts'
-    joined: "q4_k+q6_k"), "int4" (model/int4.py), "int8" (model/quantize.py), else the weights' dtype ("float32",
+    "q5_k", "q6_k", "q5_0", "q4_1", "q5_1", "q3_k"; quant/block_quant.py; a layer fused from several, its parts'
+    joined: "q4_k+q6_k"), "int4" (quant/int4.py), "int8" (quant/quantize.py), else the weights' dtype ("float32",
     "bfloat16", "float16")."""
     parts = {id(part) for m in model.modules() if isinstance(m, BlockParts) for part in m.parts}
     counts: dict[str, int] = {}
@@ -204,7 +204,7 @@ def _linear_format(module: torch.nn.Module) -> str | None:
 
 def torch_matmuls(model: torch.nn.Module) -> bool:
     """Whether a linear layer of the model multiplies a large weight with torch's ops (and its threads) rather than
-    the C kernel's (model/matmul_kernel.py); TransposedLinear holds only weights too small to share out."""
+    the C kernel's (kernels/matmul.py); TransposedLinear holds only weights too small to share out."""
     return any(
         isinstance(m, torch.nn.Linear | PackedLinear | Int4Linear | DynamicInt8Linear | WeightOnlyInt8Linear)
         for m in model.modules()

@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.model import matmul_kernel
+from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine.kernels.paged_attention import decode_attention
+from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
+from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.kv_cache import CacheView, KVCache
-from inference.engine.model.paged_attention import decode_attention
-from inference.engine.model.pointwise import kernel_serves, rms_norm, swiglu
-from inference.engine.model.quantize import quantize_linears
-from inference.engine.model.stored_quant import KeepQuantized, keep_quantized, made_from_file
+from inference.engine.quant.quantize import quantize_linears
+from inference.engine.quant.stored_quant import KeepQuantized, keep_quantized, made_from_file
 from inference.engine.weights.shared_storage import SharedArena, place_in_arena
 
 
@@ -354,8 +354,8 @@ class Transformer(nn.Module):
         ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
 
         `keep` names the Hugging Face weights the checkpoint stores quantized: on CPU in float32, the linear layers
-        made of them stay quantized in the form model/stored_quant.py chooses, and a large quantized embedding table
-        stays as the file's rows (model/stored_embedding.py); what is made from the file's bytes is never asked of
+        made of them stay quantized in the form quant/stored_quant.py chooses, and a large quantized embedding table
+        stays as the file's rows (quant/stored_embedding.py); what is made from the file's bytes is never asked of
         `tensors` (a GGUF checkpoint decodes each tensor when asked: loaders/gguf.py)."""
         if quantize and attachable:
             raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")

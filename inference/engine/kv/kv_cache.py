@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.engine.errors import ContextOverflow
-from inference.engine.model.block_pool import BlockPool, chain_keys
-from inference.engine.model.long_tensor import long_tensor
-from inference.engine.model.paged_attention import kernel_serves
+from inference.engine.kernels.paged_attention import kernel_serves
+from inference.engine.kv.block_pool import BlockPool, chain_keys
+from inference.engine.kv.long_tensor import long_tensor
 
 ZEROED_AT_ONCE = 64  # blocks zeroed together when a fresh one is first handed out
 

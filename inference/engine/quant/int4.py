@@ -1,4 +1,4 @@
-"""4-bit linear weights on CPU, for GGUF tensors stored 4-bit (Q4_0, Q4_K) where model/stored_quant.py picks this
+"""4-bit linear weights on CPU, for GGUF tensors stored 4-bit (Q4_0, Q4_K) where quant/stored_quant.py picks this
 form: torch's weight-only int4 kernels (`_convert_weight_to_int4pack_for_cpu`, `_weight_int4pack_mm_for_cpu`, as
 gpt-fast and torchao use them).
 

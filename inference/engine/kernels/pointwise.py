@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 try:
-    from inference.engine.model import _pointwise
+    from inference.engine.kernels import _pointwise
 except ImportError:  # built without a C compiler
     _pointwise = None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 try:
-    from inference.engine.model import _paged_attention
+    from inference.engine.kernels import _paged_attention
 except ImportError:  # built without a C compiler: the gather path serves
     _paged_attention = None
 

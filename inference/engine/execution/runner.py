@@ -15,10 +15,10 @@ import contextlib
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from inference.engine.model.compiled_step import DecodeGraphs
-from inference.engine.model.decode_plan import DecodePlan
-from inference.engine.model.kv_cache import KVCache
-from inference.engine.model.long_tensor import long_tensor
+from inference.engine.execution.compiled_step import DecodeGraphs
+from inference.engine.execution.decode_plan import DecodePlan
+from inference.engine.kv.kv_cache import KVCache
+from inference.engine.kv.long_tensor import long_tensor
 from inference.engine.model.transformer import Transformer
 
 DEFAULT_BLOCK_SIZE = 16

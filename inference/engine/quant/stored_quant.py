@@ -1,7 +1,7 @@
 """Which in-memory form a linear layer takes when its checkpoint stores it quantized (any GGUF block type the reader
 decodes, loaders/gguf_dequant.py), on CPU with dtype left automatic: the file's own Q4_0, Q8_0 or K-quant blocks
-(model/block_quant.py), Q8_0 blocks re-encoded from the float expansion, 4-bit codes for torch's int4 kernel
-(model/int4.py), int8 per output channel (model/quantize.py's fbgemm layer), or float32 as the file expands to.
+(quant/block_quant.py), Q8_0 blocks re-encoded from the float expansion, 4-bit codes for torch's int4 kernel
+(quant/int4.py), int8 per output channel (quant/quantize.py's fbgemm layer), or float32 as the file expands to.
 
 The choice (docs/quantized-weights.md has the figures):
 - A layer small enough to sit in cache stays float32: it costs no memory bandwidth worth saving, and the fixed cost
@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import QUANTIZED_TYPES
-from inference.engine.model import block_quant
-from inference.engine.model.block_quant import (
+from inference.engine.quant import block_quant
+from inference.engine.quant.block_quant import (
     BlockLinear,
     BlockParts,
     Q3_KLinear,
@@ -46,9 +45,10 @@ from inference.engine.model.block_quant import (
     Q8_0Linear,
     fits_blocks,
 )
-from inference.engine.model.int4 import Int4Linear, fits_int4
-from inference.engine.model.quantize import DynamicInt8Linear
-from inference.engine.model.stored_embedding import StoredEmbedding
+from inference.engine.quant.gguf_dequant import QUANTIZED_TYPES
+from inference.engine.quant.int4 import Int4Linear, fits_int4
+from inference.engine.quant.quantize import DynamicInt8Linear
+from inference.engine.quant.stored_embedding import StoredEmbedding
 
 FOUR_BIT_TYPES = frozenset({"Q4_0", "Q4_K"})
 # The types that have a block layer of their own, made from the file's bytes, which a GGUF checkpoint therefore keeps
@@ -85,7 +85,7 @@ class KeepQuantized:
     min_embedding_elements: int = MIN_STORED_EMBEDDING_ELEMENTS
 
     def keeps_embedding(self, embedding_dim: int) -> bool:
-        """Whether the token embedding stays quantized (model/stored_embedding.py): the table is quantized, its bytes
+        """Whether the token embedding stays quantized (quant/stored_embedding.py): the table is quantized, its bytes
         kept, and large enough to be worth it."""
         rows = self.file_bytes.get(EMBEDDING)
         return rows is not None and rows.shape[0] * embedding_dim >= self.min_embedding_elements

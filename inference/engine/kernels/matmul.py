@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 try:
-    from inference.engine.model import _matmul
+    from inference.engine.kernels import _matmul
 except ImportError:  # built without a C compiler
     _matmul = None
 

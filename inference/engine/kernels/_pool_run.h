@@ -8,4 +8,4 @@ typedef void (*ChunkFn)(void *ctx, int64_t chunk);
 /* runs fn(ctx, c) for every c in [0, total) on the pool's threads; `parallel` 0 keeps it on the calling thread */
 typedef void (*PoolRun)(ChunkFn fn, void *ctx, int64_t total, int parallel);
 
-#define POOL_RUN_CAPSULE "inference.engine.model._matmul.pool_run"
+#define POOL_RUN_CAPSULE "inference.engine.kernels._matmul.pool_run"

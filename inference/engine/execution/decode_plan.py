@@ -22,11 +22,11 @@ from functools import partial
 
 import torch
 
-from inference.engine.model import paged_attention, pointwise
-from inference.engine.model.block_quant import BlockLinear, BlockParts
-from inference.engine.model.kv_cache import CacheView, KVCache
-from inference.engine.model.matmul_kernel import KERNEL as MATMUL
+from inference.engine.kernels import paged_attention, pointwise
+from inference.engine.kernels.matmul import KERNEL as MATMUL
+from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear, transposed_product
+from inference.engine.quant.block_quant import BlockLinear, BlockParts
 
 
 class _BlockCall:

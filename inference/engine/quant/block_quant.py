@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import (
+from inference.engine.kernels.matmul import KERNEL
+from inference.engine.quant.gguf_dequant import (
     k_low_nibbles,
     k_scales_mins,
     legacy_codes,
@@ -35,7 +36,6 @@ from inference.engine.loaders.gguf_dequant import (
     q5_k_codes,
     q6_k_parts,
 )
-from inference.engine.model.matmul_kernel import KERNEL
 
 BLOCK = 32
 SUPER = 8 * BLOCK  # the kernel's unit along the input features
@@ -364,7 +364,7 @@ class BlockLinear(_BlockProduct):
 
     def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The float32 rows [len(ids), in] of the weight that the output features `ids` take: a tied output head's
-        rows are the token embedding's (model/stored_embedding.py)."""
+        rows are the token embedding's (quant/stored_embedding.py)."""
         rows = self.decode(self.codes.index_select(0, ids), self.scales.index_select(0, ids), self.in_features)
         return rows.contiguous()  # without a padded row's tail
 

@@ -2,7 +2,7 @@
 allocated.
 
 The KV pool is preallocated: room for `slots` sequences at the full window, keys and values of every layer, and on
-top of it the prefix cache's budget, where finished prompts' blocks stay findable (model/block_pool.py). A window
+top of it the prefix cache's budget, where finished prompts' blocks stay findable (kv/block_pool.py). A window
 asked for (or the model's default) that would not fit next to the weights in the device's free memory is lowered to
 the longest one that does, so a load succeeds with a shorter window rather than failing or swapping; the served
 `context_window` (and every completion's `usage.kv_cap`) is that effective window. The prefix cache gets what the

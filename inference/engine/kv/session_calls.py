@@ -12,8 +12,7 @@ from __future__ import annotations
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import ContextOverflow, KVCacheFull
-from inference.engine.loaders.loading import LoadedModel
-from inference.engine.session_blob import (
+from inference.engine.kv.session_blob import (
     BadSessionBlob,
     SessionLayout,
     SessionSnapshot,
@@ -21,7 +20,8 @@ from inference.engine.session_blob import (
     decode_blob,
     encode_blob,
 )
-from inference.engine.sessions import SessionError, SessionTable
+from inference.engine.kv.sessions import SessionError, SessionTable
+from inference.engine.loaders.loading import LoadedModel
 
 SessionCall = p.SessionExport | p.SessionRestore | p.SessionRelease | p.SessionWatch | p.SessionList
 

@@ -36,11 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.model.kv_cache import CacheView, KVCache
+from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.transformer import Transformer, TransposedLinear, rotate_half
 
 if TYPE_CHECKING:
-    from inference.engine.model.runner import ModelRunner
+    from inference.engine.execution.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 

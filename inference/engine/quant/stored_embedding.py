@@ -6,7 +6,7 @@ where its Q4_K_M file holds the whole model in ~400 MB), and llama.cpp keeps it 
 quantized table stays quantized, and `forward` expands just the rows asked for, exactly the float32 rows the expanded
 table held:
 - from the file's bytes, one row of blocks per token, with the reader's own decoder (loaders/gguf_dequant.py);
-- or, where the table is tied to the output head and the head keeps the same blocks (model/block_quant.py), from the
+- or, where the table is tied to the output head and the head keeps the same blocks (quant/block_quant.py), from the
   head's rows: the table is then held once, not twice.
 stored_quant.KeepQuantized decides which tables are kept so (the small ones stay float32: they cost no memory worth
 saving, and a lookup in float costs nothing).
@@ -20,8 +20,8 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from inference.engine.loaders.gguf_dequant import dequantize
-from inference.engine.model.block_quant import BlockLinear
+from inference.engine.quant.block_quant import BlockLinear
+from inference.engine.quant.gguf_dequant import dequantize
 
 
 class StoredEmbedding(nn.Module):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inference.engine.contract.messages import SessionInfo
-from inference.engine.model.kv_cache import KVCache
+from inference.engine.kv.kv_cache import KVCache
 
 CONVERSATIONS_PER_SESSION = 4
 

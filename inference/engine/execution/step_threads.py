@@ -1,5 +1,5 @@
 """How many threads a CPU model's steps use: torch's intra-op threads and the C matmul kernel's elastic pool
-(model/_elastic_pool.h), chosen per model by the worker.
+(kernels/_elastic_pool.h), chosen per model by the worker.
 
 A small model steps on one thread: its ops take microseconds, less than waking and joining a second thread costs
 (stories260K served 638 tok/s to one stream on one thread, 279 on two). What counts as small is the parameter count,
@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from inference.engine.kv_budget import parameter_count
-from inference.engine.model import matmul_kernel
+from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine.kv.kv_budget import parameter_count
 from inference.engine.model.config import ModelConfig
 
 SMALL_MODEL_PARAMETERS = 16 * 2**20
