@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import Transformer
+from tests.greedy import greedy
 
 TINY = dict(
     vocab_size=256,
@@ -150,9 +151,5 @@ def test_stories260k_greedy_generation_matches_transformers(stories_hf_dir):
         max_concurrent=1,
         context_window=512,
     )
-    slot = runner.allocate_slot()
-    tokens = [int(runner.prefill(slot, prompt).argmax())]
-    while len(tokens) < len(expected):
-        tokens.append(int(runner.decode([slot], [tokens[-1]])[0].argmax()))
     assert len(expected) == 40
-    assert tokens == expected.tolist()
+    assert greedy(runner, prompt, len(expected)).tokens == expected.tolist()

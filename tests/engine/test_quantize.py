@@ -18,6 +18,7 @@ from inference.engine.model.transformer import Transformer, expected_hf_shapes
 from inference.engine.quant import quantize as quantize_module
 from inference.engine.quant.block_quant import KERNEL
 from inference.engine.quant.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
+from tests.greedy import greedy
 
 # (max abs, relative) on stories260K and relative on the random model, for 8-bit or 7-bit activations
 STORIES_MAX_ABS, STORIES_REL, RANDOM_REL = (2.0, 0.05, 0.2) if REDUCE_RANGE else (1.2, 0.035, 0.1)
@@ -39,23 +40,13 @@ def random_weights(config: ModelConfig, scale: float) -> dict[str, torch.Tensor]
     }
 
 
-def greedy(runner: ModelRunner, prompt: list[int], count: int) -> tuple[torch.Tensor, list[int]]:
-    slot = runner.allocate_slot()
-    logits = runner.prefill(slot, prompt, all_logits=True)
-    tokens = [int(logits[-1].argmax())]
-    while len(tokens) < count:
-        tokens.append(int(runner.decode([slot], [tokens[-1]])[0].argmax()))
-    runner.free_slot(slot)
-    return logits, tokens
-
-
 @pytest.fixture(scope="module")
 def float_and_int8(stories_hf_dir):
     return load_model(stories_hf_dir, max_concurrent=1), load_model(stories_hf_dir, max_concurrent=1, quantize=True)
 
 
 def test_stories260k_int8_logits_stay_close(float_and_int8):
-    (float_logits, _), (int8_logits, _) = (greedy(m.runner, PROMPT, 1) for m in float_and_int8)
+    float_logits, int8_logits = (greedy(m.runner, PROMPT, 1, all_logits=True).prompt_logits for m in float_and_int8)
     diff = int8_logits - float_logits
     assert diff.abs().max().item() < STORIES_MAX_ABS
     assert (diff.norm() / float_logits.norm()).item() < STORIES_REL
@@ -63,7 +54,7 @@ def test_stories260k_int8_logits_stay_close(float_and_int8):
 
 
 def test_stories260k_int8_greedy_tokens_mostly_equal(float_and_int8):
-    (_, float_tokens), (_, int8_tokens) = (greedy(m.runner, PROMPT[:5], 40) for m in float_and_int8)
+    float_tokens, int8_tokens = (greedy(m.runner, PROMPT[:5], 40).tokens for m in float_and_int8)
     assert sum(a == b for a, b in zip(float_tokens, int8_tokens, strict=True)) >= 35
 
 
@@ -92,7 +83,8 @@ def test_int8_with_qkv_bias_and_qk_norm(tmp_path):
         model = Transformer.from_hf_weights(config, tensors, context_window=64)
         if quantize:
             quantize_linears(model)
-        logits.append(greedy(ModelRunner(model, max_concurrent=1, context_window=64), list(range(10, 30)), 1)[0])
+        runner = ModelRunner(model, max_concurrent=1, context_window=64)
+        logits.append(greedy(runner, list(range(10, 30)), 1, all_logits=True).prompt_logits)
     assert ((logits[1] - logits[0]).norm() / logits[0].norm()).item() < RANDOM_REL
 
 
@@ -109,7 +101,7 @@ def test_layers_the_block_kernel_takes_become_q8_0_blocks(monkeypatch):
     def served(quantize: bool) -> tuple[Transformer, ModelRunner, torch.Tensor]:
         model = Transformer.from_hf_weights(config, tensors, context_window=64, quantize=quantize)
         runner = ModelRunner(model, max_concurrent=1, context_window=64)
-        logits = greedy(runner, list(range(10, 30)), 1)[0]
+        logits = greedy(runner, list(range(10, 30)), 1, all_logits=True).prompt_logits
         return model, runner, logits
 
     _, _, reference = served(False)

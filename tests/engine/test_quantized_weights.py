@@ -33,6 +33,7 @@ from inference.engine.quant.stored_embedding import StoredEmbedding
 from inference.engine.quant.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
+from tests.greedy import greedy
 
 PROMPTS = [[1, 5, 9, 3, 7, 2, 11, 4], [1, 15, 14, 13, 12, 6, 8, 10, 0, 3]]
 
@@ -399,13 +400,5 @@ def test_stories260k_from_q8_0_decodes_the_float32_expansions_greedy_tokens(
     outputs = []
     for dtype in (None, "float32"):
         runner = load_model(path, dtype=dtype, max_concurrent=1, context_window=256).runner
-        tokens = []
-        for prompt in PROMPTS:
-            slot = runner.allocate_slot()
-            token = int(runner.prefill(slot, prompt).argmax())
-            for _ in range(64):
-                tokens.append(token)
-                token = int(runner.decode([slot], [token])[0].argmax())
-            runner.free_slot(slot)
-        outputs.append(tokens)
+        outputs.append([token for prompt in PROMPTS for token in greedy(runner, prompt, 64).tokens])
     assert outputs[0] == outputs[1]

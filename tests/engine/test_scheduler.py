@@ -12,6 +12,7 @@ from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
+from tests.greedy import greedy
 
 PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big dog and", "The sun", "One day, a cat"]
 
@@ -19,24 +20,6 @@ PROMPTS = ["Once upon a time", "Lily and Tom went to the park. They saw a big do
 @pytest.fixture(scope="module")
 def model(stories_hf_dir):
     return load_model(stories_hf_dir, max_concurrent=4)
-
-
-def greedy_reference(model, prompt_ids, max_tokens):
-    """Greedy decoding with nothing but the runner: one prefill of the whole prompt, then one token at a time."""
-    runner = model.runner
-    slot = runner.allocate_slot()
-    try:
-        logits = runner.prefill(slot, prompt_ids)
-        out = []
-        for _ in range(max_tokens):
-            token = int(logits.argmax())
-            out.append(token)
-            if token in model.eos_token_ids:
-                break
-            logits = runner.decode([slot], [token])[0]
-        return out
-    finally:
-        runner.free_slot(slot)
 
 
 def sequence(model, request_id, prompt_ids, *, max_tokens=40, stop=(), temperature=0.0, window=None):
@@ -75,7 +58,7 @@ def finished(messages, request_id):
 
 def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
     prompt = model.tokenizer.encode(PROMPTS[1])
-    expected = greedy_reference(model, prompt, 40)
+    expected = greedy(model.runner, prompt, 40, stop=model.eos_token_ids).tokens
     scheduler = Scheduler(model.runner, model.tokenizer, prefill_chunk=4)  # the prompt takes several chunks
     scheduler.add(sequence(model, "a", prompt))
     messages = run(scheduler)
@@ -90,7 +73,7 @@ def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
 
 def test_batched_sequences_each_equal_their_own_greedy_decoding(model):
     prompts = [model.tokenizer.encode(text) for text in PROMPTS]
-    expected = [greedy_reference(model, ids, 30) for ids in prompts]
+    expected = [greedy(model.runner, ids, 30, stop=model.eos_token_ids).tokens for ids in prompts]
     scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=4, prefill_chunk=8)
     for i, ids in enumerate(prompts):
         scheduler.add(sequence(model, str(i), ids, max_tokens=30))
@@ -106,7 +89,7 @@ def test_batched_sequences_each_equal_their_own_greedy_decoding(model):
 
 def test_an_arrival_is_prefilled_in_the_same_forward_pass_as_the_running_decode(model):
     prompts = [model.tokenizer.encode(text) for text in PROMPTS[:2]]
-    expected = [greedy_reference(model, ids, 20) for ids in prompts]
+    expected = [greedy(model.runner, ids, 20, stop=model.eos_token_ids).tokens for ids in prompts]
     scheduler = Scheduler(model.runner, model.tokenizer, max_concurrent=2)
     scheduler.add(sequence(model, "running", prompts[0], max_tokens=20))
     messages = scheduler.step() + scheduler.step()  # its prompt, then its first decode
@@ -136,7 +119,7 @@ def test_abort_frees_the_slot_at_once_and_the_next_request_runs(model):
     assert model.runner.cache.num_slots == 0  # the KV slot is free now, not at the next step
     assert scheduler.abort("long") is None  # idempotent
     scheduler.add(sequence(model, "next", prompt, max_tokens=10))
-    assert tokens_of(run(scheduler), "next") == greedy_reference(model, prompt, 10)
+    assert tokens_of(run(scheduler), "next") == greedy(model.runner, prompt, 10, stop=model.eos_token_ids).tokens
 
 
 def test_generation_that_reaches_the_context_window_ends_with_length(stories_hf_dir):
@@ -154,7 +137,7 @@ def test_generation_that_reaches_the_context_window_ends_with_length(stories_hf_
 
 def test_a_stop_string_ends_the_generation_without_sending_it(model):
     prompt = model.tokenizer.encode(PROMPTS[0])
-    reference = model.tokenizer.decode(greedy_reference(model, prompt, 40))
+    reference = model.tokenizer.decode(greedy(model.runner, prompt, 40, stop=model.eos_token_ids).tokens)
     stop = reference[20:27]
     scheduler = Scheduler(model.runner, model.tokenizer)
     scheduler.add(sequence(model, "s", prompt, stop=[stop]))

@@ -29,22 +29,12 @@ from inference.engine.weights.checkpoint_files import (
 from inference.engine.weights.handles import export_handles, rebuild_parameters
 from inference.engine.weights.parameter_views import ParameterMismatch, ParameterViews, attach_refusal
 from inference.engine.weights.shared_storage import SharedArena
+from tests.greedy import greedy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286]
 K_PROJ = "model.layers.0.self_attn.k_proj.weight"
 DOWN_PROJ = "model.layers.1.mlp.down_proj.weight"
-
-
-def greedy(runner: ModelRunner, prompt: list[int] = PROMPT, count: int = 24) -> tuple[torch.Tensor, list[int]]:
-    """The prompt's logits [S, V] and `count` greedy tokens after it."""
-    slot = runner.allocate_slot()
-    logits = runner.prefill(slot, prompt, all_logits=True)
-    tokens = [int(logits[-1].argmax())]
-    while len(tokens) < count:
-        tokens.append(int(runner.decode([slot], [tokens[-1]])[0].argmax()))
-    runner.free_slot(slot)
-    return logits, tokens
 
 
 @pytest.fixture
@@ -56,10 +46,10 @@ def attached(stories_hf_dir):
 def test_attachable_load_serves_the_same_output_from_a_file_that_leaves_with_it(stories_hf_dir):
     plain = load_model(stories_hf_dir, max_concurrent=1)
     attachable = load_model(stories_hf_dir, max_concurrent=1, attachable=True)
-    plain_logits, plain_tokens = greedy(plain.runner)
-    logits, tokens = greedy(attachable.runner)
-    assert tokens == plain_tokens
-    assert torch.allclose(logits, plain_logits, atol=1e-4)
+    reference = greedy(plain.runner, PROMPT, 24, all_logits=True)
+    served = greedy(attachable.runner, PROMPT, 24, all_logits=True)
+    assert served.tokens == reference.tokens
+    assert torch.allclose(served.prompt_logits, reference.prompt_logits, atol=1e-4)
 
     arena = attachable.parameters.arena
     path = Path(arena.path)
@@ -71,7 +61,7 @@ def test_attachable_load_serves_the_same_output_from_a_file_that_leaves_with_it(
     for name, param in attachable.runner.model.named_parameters():
         assert start <= param.data_ptr() < start + arena.nbytes, f"{name} is not in the shared file"
 
-    del attachable, arena, logits
+    del attachable, arena, served
     gc.collect()
     assert not path.exists()
 
@@ -106,9 +96,9 @@ def test_every_parameter_view_is_the_engines_own_memory(attached):
 
 
 def test_a_write_through_the_views_changes_what_is_served(attached):
-    _, before = greedy(attached.runner)
+    before = greedy(attached.runner, PROMPT, 24).tokens
     attached.parameters.views[DOWN_PROJ].mul_(-3.0)
-    _, after = greedy(attached.runner)
+    after = greedy(attached.runner, PROMPT, 24).tokens
     assert after != before
 
 
@@ -225,8 +215,9 @@ def tiny_qwen3() -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     return config, tensors
 
 
-def runner_of(model: Transformer) -> ModelRunner:
-    return ModelRunner(model, max_concurrent=1, context_window=64)
+def prompt_logits(model: Transformer) -> torch.Tensor:
+    """The logits [S, V] of a short prompt on `model`."""
+    return greedy(ModelRunner(model, max_concurrent=1, context_window=64), [5, 6, 7], 1, all_logits=True).prompt_logits
 
 
 def test_per_head_norms_are_repacked_after_a_write():
@@ -235,8 +226,8 @@ def test_per_head_norms_are_repacked_after_a_write():
     parameters = ParameterViews(model, config)
     assert parameters.layout == "views+repack"
     assert parameters.repacked == [f"model.layers.{i}.self_attn.{n}_norm.weight" for i in range(2) for n in "qk"]
-    plain_logits, _ = greedy(runner_of(Transformer.from_hf_weights(config, tensors, context_window=64)), [5, 6, 7])
-    assert torch.allclose(greedy(runner_of(model), [5, 6, 7])[0], plain_logits, atol=1e-4)
+    plain = Transformer.from_hf_weights(config, tensors, context_window=64)
+    assert torch.allclose(prompt_logits(model), prompt_logits(plain), atol=1e-4)
 
     written = {
         "model.layers.1.self_attn.q_norm.weight": torch.linspace(0.5, 1.5, 16),
@@ -251,12 +242,12 @@ def test_per_head_norms_are_repacked_after_a_write():
     saved = parameters.state_dict()
     assert all(torch.equal(saved[name], tensor) for name, tensor in written.items())
     rebuilt = Transformer.from_hf_weights(config, {**tensors, **written}, context_window=64)
-    assert torch.allclose(greedy(runner_of(model), [5, 6, 7])[0], greedy(runner_of(rebuilt), [5, 6, 7])[0], atol=1e-4)
+    assert torch.allclose(prompt_logits(model), prompt_logits(rebuilt), atol=1e-4)
 
 
 def test_a_saved_checkpoint_is_whole_verifiable_and_serves_the_written_weights(attached, stories_hf_dir, tmp_path):
     attached.parameters.views[DOWN_PROJ].mul_(-3.0)
-    _, served = greedy(attached.runner)
+    served = greedy(attached.runner, PROMPT, 24).tokens
     save = dict(source_dir=stories_hf_dir, root=tmp_path, run_id="run-1", base_model="stories260K", parent=None)
 
     manifest = save_checkpoint(attached.parameters, step=3, **save)
@@ -270,7 +261,7 @@ def test_a_saved_checkpoint_is_whole_verifiable_and_serves_the_written_weights(a
         f.name for f in step.iterdir()
     }
     assert sorted(f.name for f in (tmp_path / "run-1").iterdir()) == ["latest", "step-3"]  # no temporary left
-    assert greedy(load_model(step, max_concurrent=1).runner)[1] == served
+    assert greedy(load_model(step, max_concurrent=1).runner, PROMPT, 24).tokens == served
 
     attached.parameters.views[DOWN_PROJ].zero_()
     with pytest.raises(CheckpointExists):

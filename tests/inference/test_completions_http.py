@@ -8,6 +8,7 @@ import pytest
 
 from inference.engine.demo_model import write_demo_model
 from inference.engine.loaders.loading import load_model
+from tests.greedy import greedy
 from tests.inference.session_turns import load
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,13 +43,7 @@ def test_a_completion_continues_the_prompt_without_a_template(sdk, engine):
     ids = engine.tokenizer.encode(PROMPT, add_special_tokens=True)
     assert reply.usage.prompt_tokens == len(ids)  # the text as it is, with the BOS: no chat template
     assert choice.finish_reason == "length" and reply.usage.completion_tokens == 12
-    greedy, slot = [], engine.runner.allocate_slot()
-    logits = engine.runner.prefill(slot, ids)
-    for _ in range(12):
-        greedy.append(int(logits.argmax()))
-        logits = engine.runner.decode([slot], [greedy[-1]])[0]
-    engine.runner.free_slot(slot)
-    assert choice.text == engine.tokenizer.decode(greedy)
+    assert choice.text == engine.tokenizer.decode(greedy(engine.runner, ids, 12).tokens)
     as_ids = sdk.completions.create(model="stories", prompt=ids, max_tokens=12, temperature=0)
     assert as_ids.choices[0].text == choice.text
 

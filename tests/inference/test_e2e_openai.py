@@ -12,6 +12,7 @@ import pytest
 from inference.engine.loaders.loading import load_model
 from inference.engine.text.chat_template import ChatTemplate
 from inference.models import CatalogModel
+from tests.greedy import greedy
 from tests.inference.serving import run_manage, serving_env, wait_for
 
 MESSAGES = [
@@ -30,13 +31,7 @@ def reference(stories_hf_dir):
     tok = model.tokenizer
     text = ChatTemplate(tok.chat_template, tok.bos_token, tok.eos_token).render(MESSAGES)
     prompt = tok.encode(text, add_special_tokens=not (tok.bos_token and text.startswith(tok.bos_token)))
-    slot = model.runner.allocate_slot()
-    logits, out = model.runner.prefill(slot, prompt), []
-    while len(out) < MAX_TOKENS:
-        out.append(int(logits.argmax()))
-        if out[-1] in model.eos_token_ids:
-            break
-        logits = model.runner.decode([slot], [out[-1]])[0]
+    out = greedy(model.runner, prompt, MAX_TOKENS, stop=model.eos_token_ids).tokens
     completion = [t for t in out if t not in model.eos_token_ids]
     return prompt, completion, tok.decode(completion), "stop" if len(completion) < len(out) else "length"
 

@@ -15,6 +15,7 @@ from inference.engine.hosted_model import chat_prompt_ids
 from inference.engine.loaders.loading import load_model
 from inference.runtime.generation import EngineError, WorkerDied
 from inference.runtime.supervisor import WorkerSupervisor
+from tests.greedy import greedy
 from tests.inference.engine_calls import generate, load, seen_as
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -33,11 +34,7 @@ def reference(stories_hf_dir):
     """What the engine itself generates greedily for MESSAGES (prompt ids, output ids, text), through the runner."""
     model = load_model(stories_hf_dir, max_concurrent=1)
     prompt = chat_prompt_ids(model, MESSAGES)
-    slot = model.runner.allocate_slot()
-    logits, out = model.runner.prefill(slot, prompt), []
-    while len(out) < 20 and (not out or out[-1] not in model.eos_token_ids):
-        out.append(int(logits.argmax()))
-        logits = model.runner.decode([slot], [out[-1]])[0]
+    out = greedy(model.runner, prompt, 20, stop=model.eos_token_ids).tokens
     return prompt, out, model.tokenizer.decode(out)
 
 
