@@ -5,7 +5,7 @@ sequences goes through the scheduler as the worker runs it (`Scheduler.add`, the
 is done), each asked for DECODE_TOKENS tokens with temperature 1 and its own seed: once with no grammar, once with
 the grammar the API edge builds for a json_schema response_format (inference/api/response_format.py) whose
 answers cannot end before DECODE_TOKENS (an array of 64 to 200 small integers), and once with the grammar of
-`tool_choice: "required"` (inference/engine/tool_grammar.py, Hermes dialect) for one tool whose argument is that
+`tool_choice: "required"` (inference/engine/contract/dialects/grammar.py, Hermes dialect) for one tool whose argument is that
 array. The batches alternate, `--rounds` times each; the figure is generated tokens / wall time of the steps,
 prefill included (the prompts are 8 tokens). The target: a constrained batch keeps >= 90% of the
 unconstrained rate.
@@ -86,10 +86,10 @@ def main() -> None:
     from random_model import write_random_llama
 
     from inference.api.response_format import plan_response_format
+    from inference.engine.contract.dialects.grammar import tool_call_grammar
     from inference.engine.grammar import GrammarCompiler
     from inference.engine.loaders.loading import load_model
     from inference.engine.scheduler import Scheduler
-    from inference.engine.tool_grammar import tool_call_grammar
 
     hf_dir, _ = write_random_llama(args.models / "stories260K-hf", args.models / "stories260K.gguf")
     model = load_model(hf_dir, max_concurrent=BATCH, context_window=256)

@@ -29,7 +29,7 @@ from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, counted, submi
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatCompletionSerializer, chat_request_from, parse_json_object, validated
 from inference.engine.contract import messages as p
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
 from inference.runtime.router import get_router, load_allowed

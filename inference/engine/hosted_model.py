@@ -19,6 +19,9 @@ import llguidance
 import torch
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.dialects.grammar import tool_call_grammar
+from inference.engine.contract.dialects.registry import DIALECT
+from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.execution.step_threads import StepThreads
@@ -44,9 +47,8 @@ from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
-from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
-from inference.engine.think_block import CLOSE, OPEN, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
-from inference.engine.tool_grammar import tool_call_grammar
+from inference.engine.text.tool_prompt import choose_dialect, with_decoded_arguments, with_tools_as_text
+from inference.engine.think_block import PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
 
 if TYPE_CHECKING:
     from inference.engine.weights.barrier import WeightsBarrier
@@ -144,14 +146,14 @@ class HostedModel:
             architecture=model.config.architecture,
             template_writes_bos=bool(tok.bos_token) and probe.startswith(tok.bos_token),
         )
-        self.tool_tokens = frozenset(m for m in DIALECT_MARKUP[self.tool_dialect] if tok.is_added_token(m))
+        self.tool_tokens = frozenset(m for m in DIALECT[self.tool_dialect].single_tokens if tok.is_added_token(m))
         self.think_in_prompt = opens_think(probe)
         # The token that opens a think block, when the tokenizer has one: a constrained answer may start with it.
-        self.think_open_id = tok.backend.token_to_id(OPEN) if tok.is_added_token(OPEN) else None
+        self.think_open_id = tok.backend.token_to_id(THINK_OPEN) if tok.is_added_token(THINK_OPEN) else None
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
         self.pooling = "mean"  # how embeddings pool the final hidden states (LoadOptions.pooling)
-        self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
+        self.think_close_ids = tok.encode(f"\n{THINK_CLOSE}\n\n", add_special_tokens=False)
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache

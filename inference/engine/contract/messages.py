@@ -24,9 +24,9 @@ from typing import Any
 
 import msgspec
 
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
 from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
 from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
 
 
