@@ -306,7 +306,6 @@ class HostedModel:
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"the prompt must be non-empty token ids below {vocab}")
         if len(prompt) + 1 > window:
             raise self._over_window(req.request_id, len(prompt), "the prompt has")
-        stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         grammar = None
         if (grammar_text := self._grammar_text(req)) is not None:
             try:
@@ -317,11 +316,9 @@ class HostedModel:
             req.request_id,
             prompt,
             sampling=SequenceSampling(req.sampling, vocab, grammar),
-            detokenizer=IncrementalDetokenizer(model.tokenizer, skip_special_tokens=req.skip_special_tokens),
-            stop_token_ids=stop_ids,
-            stop=req.stop,
-            max_tokens=req.max_tokens,
-            min_tokens=req.min_tokens,
+            detokenizer=IncrementalDetokenizer(model.tokenizer, skip_special_tokens=req.options.skip_special_tokens),
+            options=req.options,
+            eos_token_ids=model.eos_token_ids,
             prompt_logprobs=req.prompt_logprobs,
             context_window=window,
             session_id=req.session_id,

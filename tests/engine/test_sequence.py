@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inference.engine.contract.params import GenerationOptions
 from inference.engine.sequence import LENGTH, STOP, Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
@@ -23,9 +24,7 @@ def make(tokenizer, *, stop=(), stop_token_ids=(), max_tokens=1000, context_wind
         list(prompt),
         sampling=None,
         detokenizer=IncrementalDetokenizer(tokenizer),
-        stop_token_ids=set(stop_token_ids),
-        stop=list(stop),
-        max_tokens=max_tokens,
+        options=GenerationOptions(stop=list(stop), stop_token_ids=list(stop_token_ids), max_tokens=max_tokens),
         context_window=context_window,
     )
 

@@ -1,8 +1,9 @@
-"""The tool-call grammar (inference/engine/contract/dialects/grammar.py) in every dialect: a call as the dialect writes it is a
-sentence of the `required` grammar and nothing else is (another function, a value its schema refuses, a missing
-required parameter, text before the call); `auto` allows free text and keeps a call well formed once it opens; and
-random logits sampled under the grammar always give a call that parses and validates. Markup the tokenizer holds as
-one token (the demo model's `<tool_call>`) is named as that token, other markup is text (stories260K)."""
+"""The tool-call grammar (inference/engine/contract/dialects/grammar.py) in every dialect: a call as the dialect writes
+it is a sentence of the `required` grammar and nothing else is (another function, a value its schema refuses, a
+missing required parameter, text before the call); `auto` allows free text and keeps a call well formed once it
+opens; and random logits sampled under the grammar always give a call that parses and validates. Markup the
+tokenizer holds as one token (the demo model's `<tool_call>`) is named as that token, other markup is text
+(stories260K)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Parsing model outputs into tool calls (inference/engine/contract/dialects/, parser.py), in each dialect, whole and streamed.
+"""Parsing model outputs into tool calls (engine/contract/dialects/parser.py), in each dialect, whole and streamed.
 
 Every output below is written the way a model writes it. Each case is checked parsed whole, and again fed one
 character at a time and in every two-piece split: a stream must give the same content, calls and error."""
