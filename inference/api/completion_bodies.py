@@ -24,7 +24,7 @@ from inference.api.chat_requests import ChatRequest
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.dialects.base import DEFAULT_DIALECT
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from pantheon_site.errors import PantheonError, openai_error_body
 

@@ -23,7 +23,7 @@ from inference.api.generation_route import GenerationRun, run_generation
 from inference.api.methods import only
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from pantheon_site.auth import arequire_client_token
 

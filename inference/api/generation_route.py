@@ -24,7 +24,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from inference.api.completion_bodies import millm_model, refused_stream
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
-from inference.runtime.engine_client import EngineClient, ModelPlacement
+from inference.runtime.client_protocol import EngineClient, ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import ModelRouter, get_router, load_allowed
 from pantheon_site.errors import ContextOverBudget

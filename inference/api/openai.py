@@ -16,7 +16,7 @@ from inference.api.generation_route import GenerationRun, run_generation
 from inference.api.methods import only
 from inference.api.model_rows import v1_model_row
 from inference.engine.contract.messages import Submit
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import Generation
 from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import get_router

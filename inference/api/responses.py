@@ -32,7 +32,7 @@ from inference.api.refusals import as_api_error
 from inference.api.serializers import parse_json_object, validated
 from inference.engine.contract import messages as p
 from inference.engine.contract.dialects.base import DEFAULT_DIALECT
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
 from inference.runtime.router import get_router

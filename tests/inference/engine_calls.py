@@ -8,7 +8,7 @@ import uuid
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, LoadOptions, SamplingParams, ServingLimits
-from inference.runtime.engine_client import EngineClient
+from inference.runtime.client_protocol import EngineClient
 from inference.runtime.generation import EngineError, Generation
 
 LIMIT_FIELDS = set(ServingLimits.__struct_fields__)
