@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from inference.engine.contract import messages as p  # noqa: E402
-from inference.engine.contract.params import SamplingParams  # noqa: E402
+from inference.engine.contract.params import GenerationOptions, SamplingParams  # noqa: E402
 from inference.engine.hosted_model import HostedModel  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
@@ -37,7 +37,13 @@ def engine_latencies(model_path: str, requests: int) -> list[float]:
         start = time.perf_counter()
         greedy = SamplingParams(temperature=0)
         seq = hosted.prepare(
-            p.Submit(request_id=f"r{i}", model="bench", messages=MESSAGES, sampling=greedy, max_tokens=1)
+            p.Submit(
+                request_id=f"r{i}",
+                model="bench",
+                messages=MESSAGES,
+                sampling=greedy,
+                options=GenerationOptions(max_tokens=1),
+            )
         )
         hosted.scheduler.add(seq)
         while not any(isinstance(m, p.Finished) for m in hosted.scheduler.step()):

@@ -5,9 +5,9 @@ sequences goes through the scheduler as the worker runs it (`Scheduler.add`, the
 is done), each asked for DECODE_TOKENS tokens with temperature 1 and its own seed: once with no grammar, once with
 the grammar the API edge builds for a json_schema response_format (inference/api/response_format.py) whose
 answers cannot end before DECODE_TOKENS (an array of 64 to 200 small integers), and once with the grammar of
-`tool_choice: "required"` (inference/engine/tool_grammar.py, Hermes dialect) for one tool whose argument is that
-array. The batches alternate, `--rounds` times each; the figure is generated tokens / wall time of the steps,
-prefill included (the prompts are 8 tokens). The target: a constrained batch keeps >= 90% of the
+`tool_choice: "required"` (inference/engine/contract/dialects/grammar.py, Hermes dialect) for one tool whose
+argument is that array. The batches alternate, `--rounds` times each; the figure is generated tokens / wall time
+of the steps, prefill included (the prompts are 8 tokens). The target: a constrained batch keeps >= 90% of the
 unconstrained rate.
 
 Run: .venv/bin/python bench/grammar_bench.py [--rounds 5] [--threads N]
@@ -43,7 +43,7 @@ TOOL = {
 
 def run_batch(model, scheduler, grammars, grammar: str | None, seed: int) -> tuple[int, float]:
     """One batch of BATCH sequences through the scheduler -> (tokens generated, seconds)."""
-    from inference.engine.contract.params import SamplingParams
+    from inference.engine.contract.params import GenerationOptions, SamplingParams
     from inference.engine.sampler import SequenceSampling
     from inference.engine.sequence import Sequence
     from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -58,8 +58,8 @@ def run_batch(model, scheduler, grammars, grammar: str | None, seed: int) -> tup
                 model.tokenizer.encode("Once upon a time there was"),
                 sampling=SequenceSampling(params, model.runner.vocab_size, matcher),
                 detokenizer=IncrementalDetokenizer(model.tokenizer),
-                stop_token_ids=set(model.eos_token_ids),
-                max_tokens=DECODE_TOKENS,
+                options=GenerationOptions(max_tokens=DECODE_TOKENS),
+                eos_token_ids=model.eos_token_ids,
                 context_window=model.runner.context_window,
             )
         )
@@ -86,10 +86,10 @@ def main() -> None:
     from random_model import write_random_llama
 
     from inference.api.response_format import plan_response_format
+    from inference.engine.contract.dialects.grammar import tool_call_grammar
     from inference.engine.grammar import GrammarCompiler
     from inference.engine.loaders.loading import load_model
     from inference.engine.scheduler import Scheduler
-    from inference.engine.tool_grammar import tool_call_grammar
 
     hf_dir, _ = write_random_llama(args.models / "stories260K-hf", args.models / "stories260K.gguf")
     model = load_model(hf_dir, max_concurrent=BATCH, context_window=256)

@@ -78,7 +78,7 @@ def session_ttft(model_dir: Path, chunk: int, repeats: int, seed: int) -> list[d
     """`repeats` (cold, warm) pairs after one discarded warm-up pair; seconds from `Scheduler.add` to the step that
     returns the turn's first token, and the prompt tokens each turn found cached."""
     from inference.engine.contract.messages import Started, Tokens
-    from inference.engine.contract.params import SamplingParams
+    from inference.engine.contract.params import GenerationOptions, SamplingParams
     from inference.engine.kv.sessions import SessionTable
     from inference.engine.loaders.loading import load_model
     from inference.engine.sampler import SequenceSampling
@@ -101,7 +101,7 @@ def session_ttft(model_dir: Path, chunk: int, repeats: int, seed: int) -> list[d
             prompt,
             sampling=SequenceSampling(greedy, runner.vocab_size),
             detokenizer=IncrementalDetokenizer(model.tokenizer),
-            max_tokens=max_tokens,
+            options=GenerationOptions(max_tokens=max_tokens),
             context_window=runner.context_window,
             session_id=session_id,
         )

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from inference.api.reasoning import ReasoningSplitter
-from inference.api.tool_calls import ToolCall, ToolCallError, ToolCallParser
-from inference.engine.contract.tool_dialect import ToolDialect
+from inference.engine.contract.dialects.base import ToolDialect
+from inference.engine.contract.dialects.parser import ToolCall, ToolCallError, ToolCallParser
 
 Part = tuple[Literal["reasoning", "content"], str] | tuple[Literal["tool_call"], ToolCall]
 

@@ -20,11 +20,11 @@ from typing import Any
 import msgspec
 
 from inference.api.answer_parts import AnswerParts, finish_reason
+from inference.api.chat_requests import ChatRequest
 from inference.api.refusals import as_api_error
-from inference.api.serializers import ChatRequest
 from inference.engine.contract import messages as p
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
-from inference.runtime.engine_client import ModelPlacement
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from pantheon_site.errors import PantheonError, openai_error_body
 
@@ -121,8 +121,8 @@ class CompletionContext:
 
     def envelope(self, obj: str) -> dict[str, Any]:
         body = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-        if self.chat.generation.n_status:
-            body["n_status"] = self.chat.generation.n_status
+        if self.chat.delivery.n_status:
+            body["n_status"] = self.chat.delivery.n_status
         return body
 
 
@@ -197,7 +197,7 @@ async def stream_chunks(generations: list[Generation], ctx: CompletionContext) -
             except EngineError as exc:
                 yield error_event(as_api_error(exc))
                 return
-    if ctx.chat.generation.include_usage:
+    if ctx.chat.delivery.include_usage:
         usage = {**ctx.envelope("chat.completion.chunk"), "choices": [], "usage": usage_body(generations)}
         yield sse(usage | ctx.terminal_fields(True))
     yield sse("[DONE]")
@@ -249,7 +249,7 @@ async def _choice_chunks(generation: Generation, index: int, ctx: CompletionCont
     pending += part_chunks(answer.flush())
     extra = {"tool_call_error": answer.error.body()} if answer.error is not None else {}
     reason = finish_reason(generation.finished.finish_reason, answer.calls)
-    terminal = index == ctx.chat.generation.n - 1 and not ctx.chat.generation.include_usage
+    terminal = index == ctx.chat.delivery.n - 1 and not ctx.chat.delivery.include_usage
     pending.append(
         chunk({}, reason, top=ctx.format_status(generation.finished) | ctx.terminal_fields(terminal), **extra)
     )

@@ -5,7 +5,7 @@ The prompt is tokenized as it is (no chat template). Each prompt of the request 
 in front of each choice's text; with `logprobs` the prompt's tokens are scored too (teacher-forced in the worker,
 the first token's logprob null), which with `max_tokens: 0` is how a harness scores a continuation. `logprobs` is
 OpenAI's legacy object: `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`, whose tokens spell the text.
-Admission, errors, audit and the in-flight count are the chat route's.
+Routing, admission, errors and the in-flight count are every generation route's (generation_route.py).
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from django.http import JsonResponse, StreamingHttpResponse
-
-from inference.api.completion_bodies import error_event, millm_model, refused_stream, sse
+from inference.api.completion_bodies import error_event, millm_model, sse
+from inference.api.completion_requests import CompletionRequest, parse_completion_request
+from inference.api.generation_requests import sampling_for_choice
+from inference.api.generation_route import GenerationRun, run_generation
 from inference.api.methods import only
-from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, admit_all, counted
 from inference.api.refusals import as_api_error
-from inference.api.serializers import CompletionRequest, parse_completion_request, sampling_for_choice
 from inference.engine.contract import messages as p
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
-from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
-from pantheon_site.errors import ContextOverBudget
 
 
 class Choice:
@@ -62,29 +59,39 @@ class Choice:
         return body
 
 
-class TextCompletion:
-    """What every body of one request shares."""
+class TextCompletion(GenerationRun):
+    """A legacy completion on the generation skeleton (generation_route.py), and what every body of it shares."""
 
-    def __init__(self, request: CompletionRequest, model: str, placement: ModelPlacement):
+    def __init__(self, request: CompletionRequest):
         self.request = request
+        self.requested_model = request.model
+        self.stream = request.delivery.stream
+        n = request.delivery.n
+        self.choices = [Choice(request, prompt) for prompt in request.prompts for _ in range(n)]
+
+    def place(self, model: str, placement: ModelPlacement) -> None:
         self.model = model
         self.placement = placement
         self.id = "cmpl-" + secrets.token_hex(12)
         self.created = int(time.time())
-        n = request.generation.n
-        self.choices = [Choice(request, prompt) for prompt in request.prompts for _ in range(n)]
+
+    async def complete(self, generations: list[Generation]) -> dict[str, Any]:
+        return await complete(self, generations)
+
+    def events(self, generations: list[Generation]) -> AsyncIterator[bytes]:
+        return stream(self, generations)
 
     def envelope(self) -> dict[str, Any]:
         body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
-        if self.request.generation.n_status:
-            body["n_status"] = self.request.generation.n_status
+        if self.request.delivery.n_status:
+            body["n_status"] = self.request.delivery.n_status
         return body
 
     def submits(self) -> list[p.Submit]:
-        request, generation = self.request, self.request.generation
+        request = self.request
         submits = []
         for index, choice in enumerate(self.choices):
-            sampling = sampling_for_choice(request.sampling, index % generation.n)
+            sampling = sampling_for_choice(request.sampling, index % request.delivery.n)
             text, ids = (choice.prompt, None) if isinstance(choice.prompt, str) else (None, choice.prompt)
             submits.append(
                 p.Submit(
@@ -94,12 +101,7 @@ class TextCompletion:
                     prompt_token_ids=ids,
                     prompt_logprobs=request.prompt_logprobs(choice.prompt),
                     sampling=sampling,
-                    max_tokens=request.max_tokens,
-                    stop=generation.stop,
-                    stop_token_ids=generation.stop_token_ids,
-                    ignore_eos=generation.ignore_eos,
-                    min_tokens=generation.min_tokens,
-                    skip_special_tokens=generation.skip_special_tokens,
+                    options=request.options,
                 )
             )
         return submits
@@ -107,7 +109,7 @@ class TextCompletion:
 
 def usage(request: CompletionRequest, generations: list[Generation]) -> dict[str, int]:
     """Each prompt counted once (its first choice's), every choice's completion tokens."""
-    n = request.generation.n
+    n = request.delivery.n
     prompt = sum(g.finished.prompt_tokens for g in generations[::n])
     completion = sum(g.finished.completion_tokens for g in generations)
     cached = sum(g.finished.cached_tokens for g in generations[::n])
@@ -122,34 +124,7 @@ def usage(request: CompletionRequest, generations: list[Generation]) -> dict[str
 @only("POST")
 async def completions(request):
     await arequire_client_token(request, operation="completion")
-    body = parse_completion_request(request.body)
-    router = get_router()
-    router.begin_completion()
-    streaming = False
-    try:
-        allow_load = load_allowed(request.headers)
-        model = await router.route(body.model, allow_load=allow_load)
-        completion = TextCompletion(body, model, router.placements()[model])
-        try:
-            generations = await admit_all(router.client, completion.submits())
-        except EngineError as exc:
-            error = as_api_error(exc)
-            if body.generation.stream and isinstance(error, ContextOverBudget):
-                return StreamingHttpResponse(
-                    refused_stream(error), content_type="text/event-stream", headers=SSE_HEADERS
-                )
-            raise error from exc
-        if body.generation.stream:
-            streaming = True
-            chunks = counted(router, stream(completion, generations))
-            return StreamingHttpResponse(chunks, content_type="text/event-stream", headers=SSE_HEADERS)
-        response = JsonResponse(await complete(completion, generations))
-        if (weights := millm_model(completion.placement)) is not None:
-            response[MILLM_MODEL_HEADER] = weights
-        return response
-    finally:
-        if not streaming:
-            router.end_completion()
+    return await run_generation(request, TextCompletion(parse_completion_request(request.body)))
 
 
 async def complete(completion: TextCompletion, generations: list[Generation]) -> dict[str, Any]:
@@ -219,9 +194,9 @@ async def stream(completion: TextCompletion, generations: list[Generation]) -> A
             except EngineError as exc:
                 yield error_event(as_api_error(exc))
                 return
-            terminal = index == last and not request.generation.include_usage
+            terminal = index == last and not request.delivery.include_usage
             yield chunk(index, "", None, generation.finished.finish_reason, **(which(completion) if terminal else {}))
-    if request.generation.include_usage:
+    if request.delivery.include_usage:
         tail = {"choices": [], "usage": usage(request, generations), **which(completion)}
         yield sse({**completion.envelope(), **tail})
     yield sse("[DONE]")

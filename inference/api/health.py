@@ -6,7 +6,7 @@ from django.http import JsonResponse
 
 from inference.api.methods import only
 from inference.api.model_rows import load_progress_fields
-from inference.runtime.engine_client import installed_client
+from inference.runtime.client_protocol import installed_client
 from inference.runtime.host_probe import backend, build_id, dies_visible
 from inference.runtime.router import installed_router
 from weights.status import health_summary

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.engine.contract import messages as p
-from inference.runtime.engine_client import ModelPlacement
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.router import ModelRouter
 
 OWNED_BY = "pantheon"

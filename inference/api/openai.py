@@ -1,36 +1,27 @@
 """The OpenAI-compatible routes: GET /v1/models and POST /v1/chat/completions (JSON, or SSE with stream: true).
 
-The hot path is async end to end and reads no database (unless PANTHEON_REQUIRE_CLIENT_TOKENS is set): validate
-the body, route it in memory, submit to the worker, and answer from the token stream. A refusal the worker
-decides at admission (busy, over the window) still has its own status; once an SSE stream has opened, an error is
-its terminal event. context_over_budget on a streaming request is sent in its stream form (a 200 stream whose
-only event is the error, with kv_used/kv_cap), as the spec describes it for streaming clients.
-
-`n` choices are n generations submitted together (see `submit_choices`). Every completion is counted in flight
-from validation to its last byte, so a graceful shutdown can refuse new ones (503 server_shutting_down) and wait
-for these.
+A chat completion reads no database (unless PANTHEON_REQUIRE_CLIENT_TOKENS is set): its body is validated
+(chat_requests.py) and run on the generation routes' skeleton (generation_route.py); `n` choices are n generations
+submitted together.
 """
 
-import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
-from inference.api.completion_bodies import CompletionContext, complete, refused_stream, stream_chunks
+from inference.api.chat_requests import ChatRequest, parse_chat_request
+from inference.api.completion_bodies import CompletionContext, complete, stream_chunks
+from inference.api.generation_route import GenerationRun, run_generation
 from inference.api.methods import only
 from inference.api.model_rows import v1_model_row
-from inference.api.refusals import as_api_error
-from inference.api.serializers import ChatRequest, parse_chat_request
 from inference.engine.contract.messages import Submit
-from inference.runtime.engine_client import EngineClient
-from inference.runtime.generation import EngineError, Generation
+from inference.runtime.client_protocol import ModelPlacement
+from inference.runtime.generation import Generation
 from inference.runtime.host_probe import backend, build_id
-from inference.runtime.router import ModelRouter, get_router, load_allowed
+from inference.runtime.router import get_router
 from pantheon_site.auth import arequire_client_token
-from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-MILLM_MODEL_HEADER = "X-miLLM-Model"
+from pantheon_site.errors import NoModelsLoaded
 
 
 @only("GET")
@@ -47,85 +38,30 @@ async def list_models(request):
     return JsonResponse({"object": "list", "backend": backend(client), "build": build_id(), "data": data})
 
 
+class ChatRun(GenerationRun):
+    """A chat completion on the generation skeleton: `n` choices, one generation each, answered by
+    completion_bodies.py's chat.completion body or its chunks."""
+
+    def __init__(self, chat: ChatRequest):
+        self.chat = chat
+        self.requested_model = chat.model
+        self.stream = chat.delivery.stream
+        self.ctx: CompletionContext | None = None
+
+    def place(self, model: str, placement: ModelPlacement) -> None:
+        self.ctx = CompletionContext(self.chat, model, placement.info, placement)
+
+    def submits(self) -> list[Submit]:
+        return self.chat.submits(self.ctx.model, self.ctx.id)
+
+    async def complete(self, generations: list[Generation]) -> dict[str, Any]:
+        return await complete(generations, self.ctx)
+
+    def events(self, generations: list[Generation]) -> AsyncIterator[bytes]:
+        return stream_chunks(generations, self.ctx)
+
+
 @only("POST")
 async def chat_completions(request):
     await arequire_client_token(request, operation="chat_completion")
-    chat = parse_chat_request(request.body, request.headers)
-    router = get_router()
-    router.begin_completion()
-    streaming = False
-    try:
-        allow_load = load_allowed(request.headers)
-        model = await router.route(chat.model, allow_load=allow_load)
-        placement = router.placements()[model]
-        ctx = CompletionContext(chat, model, placement.info, placement)
-        try:
-            generations = await submit_choices(router.client, chat, model, ctx.id)
-        except EngineError as exc:
-            error = as_api_error(exc)
-            if chat.generation.stream and isinstance(error, ContextOverBudget):
-                return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",
-                                             headers=SSE_HEADERS)  # fmt: skip
-            raise error from exc
-        if chat.generation.stream:
-            streaming = True
-            body = counted(router, stream_chunks(generations, ctx))
-            return StreamingHttpResponse(body, content_type="text/event-stream", headers=SSE_HEADERS)
-        response = JsonResponse(await complete(generations, ctx))
-        if (weights := ctx.millm_model()) is not None:
-            response[MILLM_MODEL_HEADER] = weights
-        return response
-    finally:
-        if not streaming:
-            router.end_completion()
-
-
-async def submit_choices(client: EngineClient, chat: ChatRequest, model: str, completion_id: str) -> list[Generation]:
-    """Submits one generation per choice and waits for their admission (`admit_all`).
-
-    The session key goes with the first choice only (spec: only the first uses the session's prefix cache); a model
-    that keeps no sessions ignores it."""
-    submits = [
-        Submit(
-            request_id=completion_id if chat.generation.n == 1 else f"{completion_id}-{i}",
-            model=model,
-            messages=chat.messages,
-            tools=chat.tool_plan.tools,
-            tool_grammar=chat.tool_plan.grammar,
-            tool_function=chat.tool_plan.function,
-            enable_thinking=chat.enable_thinking,
-            sampling=chat.sampling_for_choice(i),
-            max_tokens=chat.max_tokens,
-            stop=chat.generation.stop,
-            stop_token_ids=chat.generation.stop_token_ids,
-            ignore_eos=chat.generation.ignore_eos,
-            min_tokens=chat.generation.min_tokens,
-            skip_special_tokens=chat.generation.skip_special_tokens,
-            session_id=chat.session_id if i == 0 else None,
-            reasoning_budget=chat.reasoning_budget,
-        )
-        for i in range(chat.generation.n)
-    ]
-    return await admit_all(client, submits)
-
-
-async def admit_all(client: EngineClient, submits: list[Submit]) -> list[Generation]:
-    """Submits every generation at once (they decode side by side) and waits for their admission. If any is
-    refused the others are aborted and the refusal is raised; a cancelled wait aborts them all."""
-    results = await asyncio.gather(*(client.generate(submit) for submit in submits), return_exceptions=True)
-    failures = [r for r in results if isinstance(r, BaseException)]
-    if failures:
-        for generation in results:
-            if isinstance(generation, Generation):
-                generation.abort()
-        raise failures[0]
-    return list(results)
-
-
-async def counted(router: ModelRouter, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`chunks`, counted as a completion in flight until the stream ends (however it ends)."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    finally:
-        router.end_completion()
+    return await run_generation(request, ChatRun(parse_chat_request(request.body, request.headers)))

@@ -8,7 +8,7 @@ which case the output starts inside it. Tags split across pieces are held back u
 
 from __future__ import annotations
 
-OPEN, CLOSE = "<think>", "</think>"
+from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN, partial_suffix
 
 
 class ReasoningSplitter:
@@ -30,19 +30,19 @@ class ReasoningSplitter:
                 self._after_tag = False
             if self._state == "start":
                 stripped = self._held.lstrip()
-                if stripped.startswith(OPEN):
-                    self._held, self._state, self._after_tag = stripped[len(OPEN) :], "think", True
-                elif OPEN.startswith(stripped):
+                if stripped.startswith(THINK_OPEN):
+                    self._held, self._state, self._after_tag = stripped[len(THINK_OPEN) :], "think", True
+                elif THINK_OPEN.startswith(stripped):
                     break  # still might be the opening tag
                 else:
                     self._state = "answer"
             elif self._state == "think":
-                end = self._held.find(CLOSE)
+                end = self._held.find(THINK_CLOSE)
                 if end >= 0:
                     reasoning += self._held[:end]
-                    self._held, self._state, self._after_tag = self._held[end + len(CLOSE) :], "answer", True
+                    self._held, self._state, self._after_tag = self._held[end + len(THINK_CLOSE) :], "answer", True
                     continue
-                keep = partial_suffix(self._held, CLOSE)
+                keep = partial_suffix(self._held, THINK_CLOSE)
                 reasoning += self._held[: len(self._held) - keep]
                 self._held = self._held[len(self._held) - keep :]
                 break
@@ -57,12 +57,3 @@ class ReasoningSplitter:
         if self._state == "think":
             return held, ""
         return "", held
-
-
-def partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest suffix of `text` that is a proper prefix of `tag`: text a streaming parser holds
-    back, since the next piece may complete the tag (the tool-call parser uses it too)."""
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:length]):
-            return length
-    return 0

@@ -1,15 +1,16 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
 
-A request is turned into the chat request it means (instructions as the system turn, a stored response's
-conversation for `previous_response_id`, the input items as turns, function tools and `text.format` as chat's tools
-and response_format) and runs through the chat route's validation, admission and answer parsing; only the bodies
-differ. Output items: a `message` with one `output_text` part, and a `function_call` per tool call. Streaming sends
-OpenAI's event sequence (response.created, response.in_progress, output_item.added, content_part.added,
-output_text.delta..., output_text.done, content_part.done, output_item.done, response.completed).
+A request is turned into the chat request it means (instructions as the system turn, a stored response's conversation
+for `previous_response_id`, the input items as turns, function tools and `text.format` as chat's tools and
+response_format) and runs through the chat route's validation and answer parsing, on the generation routes' skeleton
+(generation_route.py); only the bodies differ. Output items: a `message` with one `output_text` part, and a
+`function_call` per tool call. Streaming sends OpenAI's event sequence (response.created, response.in_progress,
+output_item.added, content_part.added, output_text.delta..., output_text.done, content_part.done, output_item.done,
+response.completed).
 
 A stored response (`store`, the default) keeps its conversation in the control plane's memory
-(runtime/response_store.py); continuing it sends the whole conversation again, whose beginning the worker finds in
-its prefix cache, so only the new input is prefilled (`usage.input_tokens_details.cached_tokens`).
+(runtime/response_store.py); continuing it sends the whole conversation again, whose beginning the worker finds in its
+prefix cache, so only the new input is prefilled (`usage.input_tokens_details.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,21 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 
 from inference.api.answer_parts import AnswerParts
+from inference.api.chat_requests import ChatCompletionSerializer, chat_request_from
 from inference.api.completion_bodies import millm_model, sse
+from inference.api.generation_route import GenerationRun, run_generation
 from inference.api.methods import only
-from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, counted, submit_choices
 from inference.api.refusals import as_api_error
-from inference.api.serializers import ChatCompletionSerializer, chat_request_from, parse_json_object, validated
+from inference.api.serializers import parse_json_object, validated
 from inference.engine.contract import messages as p
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
-from inference.runtime.router import get_router, load_allowed
+from inference.runtime.router import get_router
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
 
@@ -97,8 +100,11 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     return {"type": fmt.get("type")}
 
 
-class ResponseRun:
-    """One POST /v1/responses: the request as given, the chat request it means, and its ids."""
+class ResponseRun(GenerationRun):
+    """One POST /v1/responses on the generation skeleton (generation_route.py): the request as given, the chat request
+    it means, and its ids. A refusal is never sent as a stream: a Responses stream has its own events."""
+
+    stream_refusals = False
 
     def __init__(self, body: dict[str, Any], previous: StoredResponse | None):
         self.body = body
@@ -129,6 +135,26 @@ class ResponseRun:
         self.chat = chat_request_from(
             validated(ChatCompletionSerializer, {k: v for k, v in chat.items() if v is not None})
         )
+        self.requested_model = self.chat.model
+        self.stream = self.chat.delivery.stream
+
+    def place(self, model: str, placement: ModelPlacement) -> None:
+        self.model = model
+        self.dialect = placement.info.tool_dialect if placement.info else DEFAULT_DIALECT
+
+    def submits(self) -> list[p.Submit]:
+        return self.chat.submits(self.model, self.id)
+
+    def parts(self, generation: Generation) -> AnswerParts:
+        return AnswerParts(thinking=generation.started.thinking, dialect=self.dialect, tools=self.chat.tool_plan.tools)
+
+    async def complete(self, generations: list[Generation]) -> dict[str, Any]:
+        (generation,) = generations
+        return await complete(self, self.model, generation, self.parts(generation))
+
+    def events(self, generations: list[Generation]) -> AsyncIterator[bytes]:
+        (generation,) = generations
+        return stream(self, self.model, generation, self.parts(generation))
 
     def response(self, model: str, status: str, output: list[dict], usage: dict | None, reason: str | None = None):
         body = self.body
@@ -204,31 +230,7 @@ def _previous(body: dict[str, Any]) -> StoredResponse | None:
 async def create(request):
     await arequire_client_token(request, operation="response")
     body = parse_json_object(request.body)
-    run = ResponseRun(body, _previous(body))
-    router = get_router()
-    router.begin_completion()
-    streaming = False
-    try:
-        allow_load = load_allowed(request.headers)
-        model = await router.route(run.chat.model, allow_load=allow_load)
-        placement = router.placements()[model]
-        dialect = placement.info.tool_dialect if placement.info else DEFAULT_DIALECT
-        try:
-            (generation,) = await submit_choices(router.client, run.chat, model, run.id)
-        except EngineError as exc:
-            raise as_api_error(exc) from exc
-        parts = AnswerParts(thinking=generation.started.thinking, dialect=dialect, tools=run.chat.tool_plan.tools)
-        if run.chat.generation.stream:
-            streaming = True
-            events = counted(router, stream(run, model, generation, parts))
-            return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)
-        response = JsonResponse(await complete(run, model, generation, parts))
-        if (weights := millm_model(placement)) is not None:
-            response[MILLM_MODEL_HEADER] = weights
-        return response
-    finally:
-        if not streaming:
-            router.end_completion()
+    return await run_generation(request, ResponseRun(body, _previous(body)))
 
 
 async def complete(run: ResponseRun, model: str, generation: Generation, parts: AnswerParts) -> dict[str, Any]:

@@ -6,8 +6,8 @@ is 400 invalid_request_error. `tool_choice: "none"` offers no tools at all.
 
 Which requests are grammar-constrained follows `PANTHEON_TOOL_GRAMMAR` (the spec's table, with Pantheon's
 default): unset, `required` and a named function compel a call (the worker builds the grammar in the model's
-dialect, engine/tool_grammar.py); `1` also constrains `auto` once a call opens; `0` constrains nothing, and a named
-function then behaves like `auto`.
+dialect, engine/contract/dialects/grammar.py); `1` also constrains `auto` once a call opens; `0` constrains
+nothing, and a named function then behaves like `auto`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 
-from inference.engine.contract.tool_dialect import ToolGrammarMode
+from inference.engine.contract.dialects.base import ToolGrammarMode
 from pantheon_site.errors import InvalidRequest
 
 CHOICES = ("auto", "none", "required")

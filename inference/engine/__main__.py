@@ -16,7 +16,7 @@ import sys
 import time
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import LoadOptions, SamplingParams
+from inference.engine.contract.params import GenerationOptions, LoadOptions, SamplingParams
 from inference.engine.demo_model import write_demo_model
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused
@@ -33,7 +33,7 @@ def generate(args: argparse.Namespace) -> dict:
         messages=[{"role": "user", "content": args.prompt}] if args.chat else None,
         prompt_token_ids=None if args.chat else tokenizer.encode(args.prompt),
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-        max_tokens=args.max_tokens,
+        options=GenerationOptions(max_tokens=args.max_tokens),
     )
     hosted.check_bound(submit)
     seq = hosted.prepare(submit)

@@ -19,6 +19,9 @@ import llguidance
 import torch
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.dialects.grammar import tool_call_grammar
+from inference.engine.contract.dialects.registry import DIALECT
+from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN
 from inference.engine.contract.reasons import Reason
 from inference.engine.errors import LoadError
 from inference.engine.execution.step_threads import StepThreads
@@ -44,9 +47,8 @@ from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
-from inference.engine.text.tool_prompt import DIALECT_MARKUP, choose_dialect, with_decoded_arguments, with_tools_as_text
-from inference.engine.think_block import CLOSE, OPEN, PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
-from inference.engine.tool_grammar import tool_call_grammar
+from inference.engine.text.tool_prompt import choose_dialect, with_decoded_arguments, with_tools_as_text
+from inference.engine.think_block import PROMPT_TAIL_TOKENS, ThinkBlock, opens_think
 
 if TYPE_CHECKING:
     from inference.engine.weights.barrier import WeightsBarrier
@@ -144,14 +146,14 @@ class HostedModel:
             architecture=model.config.architecture,
             template_writes_bos=bool(tok.bos_token) and probe.startswith(tok.bos_token),
         )
-        self.tool_tokens = frozenset(m for m in DIALECT_MARKUP[self.tool_dialect] if tok.is_added_token(m))
+        self.tool_tokens = frozenset(m for m in DIALECT[self.tool_dialect].single_tokens if tok.is_added_token(m))
         self.think_in_prompt = opens_think(probe)
         # The token that opens a think block, when the tokenizer has one: a constrained answer may start with it.
-        self.think_open_id = tok.backend.token_to_id(OPEN) if tok.is_added_token(OPEN) else None
+        self.think_open_id = tok.backend.token_to_id(THINK_OPEN) if tok.is_added_token(THINK_OPEN) else None
         self.grammars = GrammarCompiler(tok, model.runner.vocab_size)
         self.reasoning_budget = 0  # the load's default for requests that name none (0: unbounded)
         self.pooling = "mean"  # how embeddings pool the final hidden states (LoadOptions.pooling)
-        self.think_close_ids = tok.encode(f"\n{CLOSE}\n\n", add_special_tokens=False)
+        self.think_close_ids = tok.encode(f"\n{THINK_CLOSE}\n\n", add_special_tokens=False)
         # A prompt with more characters than this cannot fit the window, whatever its tokens (see check_bound).
         self.max_prompt_chars = scheduler.context_window * tok.max_token_bytes * NORMALIZATION_SLACK
         cache = model.runner.cache
@@ -304,7 +306,6 @@ class HostedModel:
             raise refusal(req.request_id, Reason.BAD_REQUEST, f"the prompt must be non-empty token ids below {vocab}")
         if len(prompt) + 1 > window:
             raise self._over_window(req.request_id, len(prompt), "the prompt has")
-        stop_ids = set(req.stop_token_ids) | (set() if req.ignore_eos else set(model.eos_token_ids))
         grammar = None
         if (grammar_text := self._grammar_text(req)) is not None:
             try:
@@ -315,11 +316,9 @@ class HostedModel:
             req.request_id,
             prompt,
             sampling=SequenceSampling(req.sampling, vocab, grammar),
-            detokenizer=IncrementalDetokenizer(model.tokenizer, skip_special_tokens=req.skip_special_tokens),
-            stop_token_ids=stop_ids,
-            stop=req.stop,
-            max_tokens=req.max_tokens,
-            min_tokens=req.min_tokens,
+            detokenizer=IncrementalDetokenizer(model.tokenizer, skip_special_tokens=req.options.skip_special_tokens),
+            options=req.options,
+            eos_token_ids=model.eos_token_ids,
             prompt_logprobs=req.prompt_logprobs,
             context_window=window,
             session_id=req.session_id,

@@ -209,7 +209,7 @@ class Scheduler:
                             request_id=seq.request_id, token_ids=[], text="", prompt_logprobs=self._scored_prompt(seq)
                         )
                     )
-                if seq.prefill_done and seq.max_tokens == 0:  # only the prompt was asked for (its logprobs)
+                if seq.prefill_done and seq.options.max_tokens == 0:  # only the prompt was asked for (its logprobs)
                     out.append(self._end_unsampled(seq))
                 elif seq.prefill_done:
                     rows.append(seq)

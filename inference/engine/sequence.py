@@ -8,9 +8,11 @@ client never receives part of a stop string, and the stop string itself is never
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from inference.engine.contract.messages import TokenLogprob
+from inference.engine.contract.params import GenerationOptions
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -32,13 +34,15 @@ class Sequence:
     finish it stays `finalizing` for one step, which writes its last token's KV so the next turn finds it.
 
     `context_window` is the context window: prompt and output together never exceed it, and a generation that reaches
-    it ends with finish_reason "length", as one that reaches `max_tokens` does. With a `repetition` detector (the
+    it ends with finish_reason "length", as one that reaches `options.max_tokens` does. It stops at the request's
+    stop strings and tokens and at the model's `eos_token_ids` (unless `options.ignore_eos`), none of them before
+    `options.min_tokens` tokens. With a `repetition` detector (the
     scheduler arms one), a generation whose output ends in a loop ends with finish_reason "repetition_loop".
     """
 
     __slots__ = (
-        "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "stop_token_ids", "stop",
-        "max_tokens", "min_tokens", "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason",
+        "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "options", "stop_token_ids", "stop",
+        "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason",
         "arrival", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
         "token_text", "unspelled", "released_chars", "spelled_chars", "prompt_logprobs", "prompt_entries",
@@ -52,10 +56,8 @@ class Sequence:
         *,
         sampling: SequenceSampling | None,
         detokenizer: IncrementalDetokenizer,
-        stop_token_ids: set[int] | frozenset[int] = frozenset(),
-        stop: list[str] | tuple[str, ...] = (),
-        max_tokens: int,
-        min_tokens: int = 0,
+        options: GenerationOptions,
+        eos_token_ids: Iterable[int] = (),
         prompt_logprobs: int | None = None,
         context_window: int,
         arrival: float = 0.0,
@@ -68,11 +70,11 @@ class Sequence:
         self.output_ids: list[int] = []
         self.sampling = sampling  # the sampler's per-sequence state (parameters, seed, penalty counts)
         self.detokenizer = detokenizer
-        self.stop_token_ids = frozenset(stop_token_ids)
-        self.stop = [s for s in stop if s]
-        self.max_tokens = max_tokens
-        self.min_tokens = min_tokens  # stop tokens are refused until this many tokens are out
-        if min_tokens and sampling is not None:
+        self.options = options
+        ending = () if options.ignore_eos else eos_token_ids
+        self.stop_token_ids = frozenset(options.stop_token_ids).union(ending)
+        self.stop = [s for s in options.stop if s]
+        if options.min_tokens and sampling is not None:  # stop tokens are refused until this many tokens are out
             sampling.refuse(self.stop_token_ids)
         self.context_window = context_window
         # With prompt_logprobs (alternatives per position), each prompt token's log-probability given those before
@@ -98,7 +100,7 @@ class Sequence:
         self.think: ThinkBlock | None = None  # the think block and its budget, for a chat on a think-style template
         self.deferred_grammar: llguidance.LLMatcher | None = None  # the answer's grammar, while the prompt's think
         # block is open (the reasoning is free); it moves to `sampling.grammar` when the block closes
-        self.repetition: RepetitionDetector | None = None  # None: a loop runs on to max_tokens
+        self.repetition: RepetitionDetector | None = None  # None: a loop runs on to options.max_tokens
 
     def defer_grammar(self) -> None:
         """Holds the grammar back while the prompt's think block is open (the reasoning is free); the turn cannot
@@ -109,7 +111,7 @@ class Sequence:
     def arm_deferred_grammar(self) -> None:
         """The think block closed: the answer follows the grammar, which decides when it may end."""
         self.sampling.grammar, self.deferred_grammar = self.deferred_grammar, None
-        if len(self.output_ids) >= self.min_tokens:
+        if len(self.output_ids) >= self.options.min_tokens:
             self.sampling.allow(self.stop_token_ids)
 
     @property
@@ -150,7 +152,11 @@ class Sequence:
         if self.is_finished:
             raise RuntimeError(f"sequence {self.request_id} already finished ({self.finish_reason})")
         self.output_ids.append(token_id)
-        if len(self.output_ids) == self.min_tokens and self.deferred_grammar is None and self.sampling is not None:
+        if (
+            len(self.output_ids) == self.options.min_tokens
+            and self.deferred_grammar is None
+            and self.sampling is not None
+        ):
             self.sampling.allow(self.stop_token_ids)  # min_tokens reached: the answer may end from here
         if token_id in self.stop_token_ids:
             self.finish_reason = STOP
@@ -161,7 +167,7 @@ class Sequence:
         if not self.is_finished:
             if self.repetition is not None and self.repetition.push(token_id):
                 self.finish_reason = REPETITION_LOOP
-            elif len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.context_window:
+            elif len(self.output_ids) >= self.options.max_tokens or self.num_tokens >= self.context_window:
                 self.finish_reason = LENGTH
             if self.is_finished:
                 rest = self.detokenizer.flush()

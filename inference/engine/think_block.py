@@ -10,13 +10,14 @@ opened in the prompt.
 
 from __future__ import annotations
 
-OPEN, CLOSE = "<think>", "</think>"
+from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN
+
 PROMPT_TAIL_TOKENS = 32  # how much of the prompt's end is decoded to see whether it leaves a think block open
 
 
 def opens_think(prompt_tail: str) -> bool:
     """Whether text that ends a prompt leaves a think block open."""
-    return prompt_tail.rfind(OPEN) > prompt_tail.rfind(CLOSE)
+    return prompt_tail.rfind(THINK_OPEN) > prompt_tail.rfind(THINK_CLOSE)
 
 
 class ThinkBlock:
@@ -46,15 +47,15 @@ class ThinkBlock:
         self._text += text
         if self.state == "pending":
             stripped = self._text.lstrip()
-            if stripped.startswith(OPEN):
-                self.state, self._text = "open", stripped[len(OPEN) :]
-            elif not OPEN.startswith(stripped):
+            if stripped.startswith(THINK_OPEN):
+                self.state, self._text = "open", stripped[len(THINK_OPEN) :]
+            elif not THINK_OPEN.startswith(stripped):
                 self.state = "closed"  # the answer started without a think block
             return
         self.tokens += 1
-        if CLOSE in self._text:
+        if THINK_CLOSE in self._text:
             self.state = "closed"
         elif self.budget and self.tokens >= self.budget:
             self._forcing = list(self.close_ids)
         else:
-            self._text = self._text[-len(CLOSE) :]
+            self._text = self._text[-len(THINK_CLOSE) :]

@@ -20,7 +20,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
-from inference.runtime.engine_client import install_client
+from inference.runtime.client_protocol import install_client
 from inference.runtime.router import ModelRouter, install_router
 from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
 from inference.services.model_lifecycle import LoadRequest, do_load_model

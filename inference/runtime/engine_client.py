@@ -1,5 +1,6 @@
 """The control plane's client for the workers: submit generations and stream them back, load, unload, status, and
-the session calls (export, restore, release, watch, list).
+the calls on one model's worker (sessions, embeddings, weights: worker_calls.py). What its callers hold of it (the
+protocol, placements, worker links) is in client_protocol.py.
 
 One asyncio ROUTER socket talks to every worker (each worker's DEALER connects with its own identity), and every
 request is multiplexed by its request id. The hot path per generation is one SUBMIT out and one asyncio queue fed
@@ -24,9 +25,6 @@ import logging
 import shutil
 import tempfile
 import time
-import uuid
-from dataclasses import dataclass
-from typing import Protocol
 
 import msgspec
 import zmq
@@ -36,99 +34,15 @@ from inference.engine.contract import messages as p
 from inference.engine.contract.io_threads import batch_io_threads
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.reasons import Reason
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
+from inference.engine.contract.weights import ServedCheckpoint
+from inference.runtime.client_protocol import ModelPlacement, WorkerLink
 from inference.runtime.generation import EngineError, Generation, WorkerDied
+from inference.runtime.worker_calls import WorkerCalls, new_id
 
 logger = logging.getLogger("pantheon.engine_client")
 
-# A session call waits this long for its worker by default (a blob of a long conversation is tens of MB to copy).
-SESSION_CALL_TIMEOUT_S = 60.0
 
-
-@dataclass(slots=True)
-class ModelPlacement:
-    """A served model: which worker holds it, how it was loaded, and the platform's two facts about it. state:
-    loading, ready, unloading, or reloading (after its worker crashed). `instance_id` is the ModelInstance row the
-    platform wrote once the load succeeded (None until then, and for a load that is not recorded); this client
-    only keeps it, as a plain int."""
-
-    name: str
-    device: str
-    state: str
-    load: p.Load  # how it was loaded (path, options, limits), replayed after a crash
-    info: p.Loaded | None = None
-    instance_id: int | None = None
-    loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
-    weights: WeightsSnapshot | None = None  # its weights barrier, as the worker last reported it
-    load_progress: p.LoadProgress | None = None  # how far its load has read, while it loads
-
-
-@dataclass(slots=True)
-class WorkerLink:
-    device: str
-    identity: bytes
-    pid: int
-    cuda_devices: int
-    last_seen: float  # time.monotonic() of the last message from it
-    last_seen_wall: float  # time.time() of the same
-
-
-class EngineClient(Protocol):
-    """What the routes use. Implemented by `ZmqEngineClient` (worker processes, run by the WorkerSupervisor) and
-    `InProcessEngineClient` (the same worker loop in threads, for tests); see ZmqEngineClient for each method."""
-
-    def models(self) -> dict[str, ModelPlacement]: ...
-
-    def workers(self) -> dict[str, WorkerLink]: ...
-
-    async def generate(self, submit: p.Submit) -> Generation: ...
-
-    def abort(self, request_id: str) -> None: ...
-
-    async def load(
-        self,
-        name: str,
-        path: str,
-        *,
-        options: LoadOptions = ...,
-        limits: ServingLimits = ...,
-        device: str | None = None,
-        timeout: float | None = None,
-        checkpoint: ServedCheckpoint | None = None,
-    ) -> p.Loaded: ...
-
-    def serve_weights_from(self, name: str, path: str, checkpoint: ServedCheckpoint | None) -> None: ...
-
-    async def unload(self, name: str, *, drain_timeout: float = 30.0, force: bool = True) -> p.Unloaded: ...
-
-    async def status(self, timeout: float = 10.0) -> list[p.Status]: ...
-
-    async def pause(self, model: str, timeout: float | None = None) -> None: ...
-
-    async def resume(self, model: str) -> None: ...
-
-    async def export_session(self, model: str, session_id: str, *, timeout: float = ...) -> p.SessionBlob: ...
-
-    async def restore_session(
-        self, model: str, session_id: str, blob: bytes, tokens: list[int], *, timeout: float = ...
-    ) -> p.SessionRestored: ...
-
-    async def release_session(self, model: str, session_id: str, *, timeout: float = ...) -> p.SessionReleased: ...
-
-    async def watch_session(
-        self, model: str, session_id: str, watching: bool, *, timeout: float = ...
-    ) -> p.SessionWatched: ...
-
-    async def sessions(self, model: str, *, timeout: float = ...) -> p.Sessions: ...
-
-    async def weights_call(
-        self, model: str, call: WeightsCall, *, timeout: float | None = None
-    ) -> p.WeightsReply | p.WeightsRefused: ...
-
-    async def embed(self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = ...) -> p.Embeddings: ...
-
-
-class ZmqEngineClient:
+class ZmqEngineClient(WorkerCalls):
     """The engine client over ZMQ. Workers connect to `endpoint` (ipc in a private temporary folder by default)
     and announce themselves with READY; whoever starts them reports their death with `worker_lost`."""
 
@@ -234,7 +148,7 @@ class ZmqEngineClient:
         if device not in self._workers:
             raise EngineError(f"no worker runs on device {device!r}", Reason.NO_WORKER)
         load = p.Load(
-            request_id=_new_id(), name=name, path=str(path), options=options, limits=limits, checkpoint=checkpoint
+            request_id=new_id(), name=name, path=str(path), options=options, limits=limits, checkpoint=checkpoint
         )
         placement = ModelPlacement(name, device, "loading", load)
         self._models[name] = placement
@@ -250,7 +164,7 @@ class ZmqEngineClient:
     async def reload(self, name: str, *, timeout: float | None = None) -> p.Loaded:
         """Loads a "reloading" model again, with the options it was first loaded with."""
         placement = self._models[name]
-        placement.load = msgspec.structs.replace(placement.load, request_id=_new_id())
+        placement.load = msgspec.structs.replace(placement.load, request_id=new_id())
         return await self._load(placement, timeout)
 
     async def _load(self, placement: ModelPlacement, timeout: float | None) -> p.Loaded:
@@ -265,7 +179,7 @@ class ZmqEngineClient:
                 raise
             # Timed out or cancelled: have the worker drop the model when its load ends, so the name stays free.
             with contextlib.suppress(WorkerDied):
-                self._send(placement.device, p.Unload(request_id=_new_id(), name=placement.name, drain_timeout=0.0))
+                self._send(placement.device, p.Unload(request_id=new_id(), name=placement.name, drain_timeout=0.0))
             if isinstance(exc, TimeoutError):
                 message = f"{placement.name!r} did not load within {timeout:g} s"
                 raise EngineError(message, Reason.LOAD_TIMEOUT) from exc
@@ -292,7 +206,7 @@ class ZmqEngineClient:
             del self._models[name]
             return p.Unloaded(request_id="", name=name, aborted=0)
         placement.state = "unloading"
-        call = p.Unload(request_id=_new_id(), name=name, drain_timeout=drain_timeout, force=force)
+        call = p.Unload(request_id=new_id(), name=name, drain_timeout=drain_timeout, force=force)
         try:
             reply = await self._call(placement.device, call, drain_timeout + 60)
         except WorkerDied:
@@ -355,82 +269,17 @@ class ZmqEngineClient:
     async def status(self, timeout: float = 10.0) -> list[p.Status]:
         """Each live worker's models, memory and queues."""
         replies = await asyncio.gather(
-            *(self._call(device, p.StatusQuery(request_id=_new_id()), timeout) for device in self._workers),
+            *(self._call(device, p.StatusQuery(request_id=new_id()), timeout) for device in self._workers),
             return_exceptions=True,
         )
         return [r for r in replies if isinstance(r, p.Status)]
 
     async def pause(self, model: str, timeout: float | None = None) -> None:
         """Stops admitting to `model` and returns once none of its sequences runs (a step boundary)."""
-        await self._call(self._device_of(model), p.Pause(request_id=_new_id(), model=model), timeout)
+        await self._call(self._device_of(model), p.Pause(request_id=new_id(), model=model), timeout)
 
     async def resume(self, model: str) -> None:
-        await self._call(self._device_of(model), p.Resume(request_id=_new_id(), model=model), 10.0)
-
-    # -- sessions -------------------------------------------------------------------------------------------------
-    # Each is one call to the worker holding `model`, answered by its reply or raised as EngineError: the session
-    # reasons (sessions_disabled, session_not_found, session_busy, bad_session_blob, weights_version_mismatch,
-    # session_capacity), model_not_loaded for a model that is not ready, model_reloading while its worker restarts.
-
-    async def export_session(
-        self, model: str, session_id: str, *, timeout: float = SESSION_CALL_TIMEOUT_S
-    ) -> p.SessionBlob:
-        """The session's most recently used conversation as a blob, with the tokens it covers."""
-        call = p.SessionExport(request_id=_new_id(), model=model, session_id=session_id)
-        return await self._session_call(model, call, timeout)
-
-    async def restore_session(
-        self, model: str, session_id: str, blob: bytes, tokens: list[int], *, timeout: float = SESSION_CALL_TIMEOUT_S
-    ) -> p.SessionRestored:
-        """Installs an exported conversation under `session_id`; a refused restore changes nothing."""
-        call = p.SessionRestore(request_id=_new_id(), model=model, session_id=session_id, blob=blob, tokens=tokens)
-        return await self._session_call(model, call, timeout)
-
-    async def release_session(
-        self, model: str, session_id: str, *, timeout: float = SESSION_CALL_TIMEOUT_S
-    ) -> p.SessionReleased:
-        """Frees every conversation of the session (idempotent: `released` says whether it held anything)."""
-        call = p.SessionRelease(request_id=_new_id(), model=model, session_id=session_id)
-        return await self._session_call(model, call, timeout)
-
-    async def watch_session(
-        self, model: str, session_id: str, watching: bool, *, timeout: float = SESSION_CALL_TIMEOUT_S
-    ) -> p.SessionWatched:
-        """A watch on the session opened (`watching`) or closed; every open must be matched by one close."""
-        call = p.SessionWatch(request_id=_new_id(), model=model, session_id=session_id, watching=watching)
-        return await self._session_call(model, call, timeout)
-
-    async def sessions(self, model: str, *, timeout: float = SESSION_CALL_TIMEOUT_S) -> p.Sessions:
-        """The model's sessions, as its worker holds them now."""
-        return await self._session_call(model, p.SessionList(request_id=_new_id(), model=model), timeout)
-
-    # -- embeddings -----------------------------------------------------------------------------------------------
-
-    async def embed(
-        self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = SESSION_CALL_TIMEOUT_S
-    ) -> p.Embeddings:
-        """The inputs' embeddings (texts, or token-id lists), from the worker holding a ready `model`. Raises
-        EngineError (prompt_too_long, bad_request, model_not_loaded) or WorkerDied."""
-        texts = [i for i in inputs if isinstance(i, str)]
-        call = p.Embed(
-            request_id=_new_id(), model=model, texts=texts if texts else None, token_ids=None if texts else list(inputs)
-        )
-        return await self._session_call(model, call, timeout)
-
-    # -- weights --------------------------------------------------------------------------------------------------
-
-    async def weights_call(
-        self, model: str, call: WeightsCall, *, timeout: float | None = None
-    ) -> p.WeightsReply | p.WeightsRefused:
-        """One call on `model`'s weights barrier, answered by its reply or refusal (a quiesce that drains, a save or
-        a load answers when it ends); the placement's `weights` is updated from the answer."""
-        request = p.WeightsRequest(request_id=_new_id(), model=model, call=call)
-        return await self._call(self._device_of(model), request, timeout)
-
-    def _note_weights(self, snapshot: WeightsSnapshot | None) -> None:
-        placement = self._models.get(snapshot.model) if snapshot is not None else None
-        if placement is not None:
-            placement.weights = snapshot
+        await self._call(self._device_of(model), p.Resume(request_id=new_id(), model=model), 10.0)
 
     # -- transport ------------------------------------------------------------------------------------------------
 
@@ -439,25 +288,6 @@ class ZmqEngineClient:
         if gpus:
             return min(gpus, key=lambda d: sum(pl.device == d for pl in self._models.values()))
         return "cpu"
-
-    async def _session_call(self, model: str, call: p.Message, timeout: float) -> p.Message:
-        """One session call to the worker holding a ready `model` (model_reloading while its worker is restarted:
-        its sessions died with it); a worker that does not answer in time is an internal error."""
-        placement = self._models.get(model)
-        if placement is not None and placement.state == "reloading":
-            message = f"the worker holding {model!r} crashed; the model is being reloaded"
-            raise WorkerDied(message, Reason.MODEL_RELOADING)
-        try:
-            return await self._call(self._device_of(model), call, timeout)
-        except TimeoutError:
-            message = f"{type(call).__name__} on {model!r} got no answer within {timeout:g} s"
-            raise EngineError(message, Reason.INTERNAL) from None
-
-    def _device_of(self, model: str) -> str:
-        placement = self._models.get(model)
-        if placement is None or placement.state != "ready":
-            raise EngineError(f"model {model!r} is not loaded", Reason.MODEL_NOT_LOADED)
-        return placement.device
 
     async def _call(self, device: str, message: p.Message, timeout: float | None) -> p.Message:
         future = asyncio.get_running_loop().create_future()
@@ -543,24 +373,6 @@ class ZmqEngineClient:
                 future.set_result(link)
 
 
-_installed: EngineClient | None = None
-
-
-def install_client(client: EngineClient | None) -> None:
-    """Makes `client` the one `installed_client()` returns (the serve command installs the supervisor's client)."""
-    global _installed
-    _installed = client
-
-
-def installed_client() -> EngineClient | None:
-    """The process's engine client; None when the engine does not run in this process (a management shell)."""
-    return _installed
-
-
 def _not_started(died: WorkerDied) -> WorkerDied:
     message = f"{died.message}; the request had not started and its model is being reloaded"
     return WorkerDied(message, Reason.MODEL_RELOADING)
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex

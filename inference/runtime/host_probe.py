@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from inference.runtime.engine_client import EngineClient
+from inference.runtime.client_protocol import EngineClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

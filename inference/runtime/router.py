@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import SyncToAsync
 
-from inference.runtime.engine_client import EngineClient, ModelPlacement
+from inference.runtime.client_protocol import EngineClient, ModelPlacement
 from pantheon_site.errors import LoadFailed, ModelNotFound, NoModelsLoaded, ServerShuttingDown, WeightsUnsaved
 
 T = TypeVar("T")

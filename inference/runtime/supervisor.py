@@ -21,7 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from inference.runtime.engine_client import WorkerLink, ZmqEngineClient
+from inference.runtime.client_protocol import WorkerLink
+from inference.runtime.engine_client import ZmqEngineClient
 from inference.runtime.generation import EngineError, WorkerDied
 from inference.runtime.host_probe import REPO_ROOT
 

@@ -22,7 +22,7 @@ from inference.api.refusals import as_api_error
 from inference.api.session_file import session_file
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
-from inference.runtime.engine_client import EngineClient
+from inference.runtime.client_protocol import EngineClient
 from inference.runtime.generation import EngineError
 from inference.runtime.router import SERVING_STATES, ModelRouter
 from pantheon_site.audit import AuditedCall

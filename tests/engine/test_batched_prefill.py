@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import SamplingParams
+from inference.engine.contract.params import GenerationOptions, SamplingParams
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
@@ -81,8 +81,8 @@ def test_a_burst_of_short_prompts_gets_its_first_tokens_in_one_step_and_the_same
                     ids,
                     sampling=SequenceSampling(SamplingParams(temperature=0.0), model.runner.vocab_size),
                     detokenizer=IncrementalDetokenizer(model.tokenizer),
-                    stop_token_ids=set(model.eos_token_ids),
-                    max_tokens=16,
+                    options=GenerationOptions(max_tokens=16),
+                    eos_token_ids=model.eos_token_ids,
                     context_window=model.runner.context_window,
                 )
             )

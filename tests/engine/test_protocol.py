@@ -6,14 +6,14 @@ import msgspec
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
+from inference.engine.contract.params import GenerationOptions, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 
 TO_WORKER = [
     p.Submit(request_id="r1", model="m", messages=[{"role": "user", "content": "héllo"}],
              tools=[{"type": "function"}], enable_thinking=False,
-             sampling=SamplingParams(temperature=0.5, logit_bias={7: -100.0}), max_tokens=9, stop=["\n\n"],
-             stop_token_ids=[2], ignore_eos=True),
+             sampling=SamplingParams(temperature=0.5, logit_bias={7: -100.0}),
+             options=GenerationOptions(max_tokens=9, stop=["\n\n"], stop_token_ids=[2], ignore_eos=True)),
     p.Submit(request_id="r2", model="m", prompt_token_ids=[1, 2, 3], session_id="s1"),
     p.Abort(request_id="r1"),
     p.Load(request_id="c1", name="m", path="/models/x.gguf", options=LoadOptions(quantize=True, dtype="bfloat16",
@@ -115,8 +115,9 @@ def _with(values: list, field: str, value) -> bytes:
         (_with(_submit_values(), "sampling", {"temperature": float("nan")}), "r9"),  # an invariant broken
         (_with(_submit_values(), "prompt_token_ids", None), "r9"),  # no prompt of any kind
         (_with(_submit_values(), "prompt", "also text"), "r9"),  # two prompts
-        (_with(_submit_values(), "max_tokens", "7"), "r9"),  # max_tokens a string
-        (_with(_submit_values(), "max_tokens", -1), "r9"),  # max_tokens negative
+        (_with(_submit_values(), "options", {"max_tokens": "7"}), "r9"),  # max_tokens a string
+        (_with(_submit_values(), "options", {"max_tokens": -1}), "r9"),  # max_tokens negative
+        (_with(_submit_values(), "options", {"max_tokens": 2, "min_tokens": 3}), "r9"),  # min_tokens past it
     ],
 )
 def test_anything_else_is_a_protocol_error_naming_its_request(frame, request_id):

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import SamplingParams, ServingLimits
+from inference.engine.contract.params import GenerationOptions, SamplingParams, ServingLimits
 from inference.engine.hosted_model import HostedModel
 from inference.engine.loaders.loading import load_model
 from inference.engine.repetition import RepetitionDetector
@@ -113,8 +113,7 @@ def looping_sequence(tokenizer, *, span, stop=(), max_tokens=1000):
         [1],
         sampling=None,
         detokenizer=IncrementalDetokenizer(tokenizer),
-        stop=list(stop),
-        max_tokens=max_tokens,
+        options=GenerationOptions(stop=list(stop), max_tokens=max_tokens),
         context_window=10_000,
     )
     seq.repetition = RepetitionDetector(span)
@@ -162,8 +161,8 @@ def request(model, request_id, *, max_tokens, logit_bias=None):
         model.tokenizer.encode("Once upon a time"),
         sampling=SequenceSampling(SamplingParams(temperature=0, logit_bias=logit_bias), model.runner.vocab_size),
         detokenizer=IncrementalDetokenizer(model.tokenizer),
-        stop_token_ids=set(model.eos_token_ids),
-        max_tokens=max_tokens,
+        options=GenerationOptions(max_tokens=max_tokens),
+        eos_token_ids=model.eos_token_ids,
         context_window=model.runner.context_window,
     )
 
@@ -208,7 +207,11 @@ def test_a_loads_serving_limits_arm_the_detector(stories_hf_dir, loop_token):
     )
     sampling = SamplingParams(temperature=0, logit_bias={loop_token: 100.0})
     submit = p.Submit(
-        request_id="gen-1", model="stories", prompt_token_ids=[1, 2, 3], sampling=sampling, max_tokens=400
+        request_id="gen-1",
+        model="stories",
+        prompt_token_ids=[1, 2, 3],
+        sampling=sampling,
+        options=GenerationOptions(max_tokens=400),
     )
     hosted.admit(hosted.prepare(submit))
     assert outcome(run(hosted.scheduler), "gen-1") == ([loop_token] * SPAN, REPETITION_LOOP)

@@ -5,7 +5,7 @@ pausing behave as a client would notice."""
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import SamplingParams
+from inference.engine.contract.params import GenerationOptions, SamplingParams
 from inference.engine.contract.reasons import Reason
 from inference.engine.loaders.loading import load_model
 from inference.engine.sampler import SequenceSampling
@@ -28,9 +28,8 @@ def sequence(model, request_id, prompt_ids, *, max_tokens=40, stop=(), temperatu
         prompt_ids,
         sampling=SequenceSampling(SamplingParams(temperature=temperature, seed=7), model.runner.vocab_size),
         detokenizer=IncrementalDetokenizer(model.tokenizer),
-        stop_token_ids=set(model.eos_token_ids),
-        stop=list(stop),
-        max_tokens=max_tokens,
+        options=GenerationOptions(stop=list(stop), max_tokens=max_tokens),
+        eos_token_ids=model.eos_token_ids,
         context_window=window or model.runner.context_window,
     )
 
@@ -188,7 +187,7 @@ def test_a_scored_prompt_gets_the_teacher_forced_logprob_of_every_token_across_c
         prompt,
         sampling=SequenceSampling(SamplingParams(), model.runner.vocab_size),
         detokenizer=IncrementalDetokenizer(model.tokenizer),
-        max_tokens=0,
+        options=GenerationOptions(max_tokens=0),
         prompt_logprobs=2,
         context_window=model.runner.context_window,
     )

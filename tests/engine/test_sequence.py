@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inference.engine.contract.params import GenerationOptions
 from inference.engine.sequence import LENGTH, STOP, Sequence
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
@@ -23,9 +24,7 @@ def make(tokenizer, *, stop=(), stop_token_ids=(), max_tokens=1000, context_wind
         list(prompt),
         sampling=None,
         detokenizer=IncrementalDetokenizer(tokenizer),
-        stop_token_ids=set(stop_token_ids),
-        stop=list(stop),
-        max_tokens=max_tokens,
+        options=GenerationOptions(stop=list(stop), stop_token_ids=list(stop_token_ids), max_tokens=max_tokens),
         context_window=context_window,
     )
 
@@ -130,3 +129,16 @@ def test_output_is_the_text_before_the_first_stop_string(tokenizer, data):
         assert expected.startswith(released)  # nothing is ever sent that the final text would not contain
     assert released == expected
     assert seq.finish_reason == STOP
+
+
+def test_the_models_end_token_ends_the_text_unless_ignore_eos(tokenizer):
+    """The request's options travel whole to the sequence: the model's end-of-sequence token stops it like a
+    requested stop token, and with ignore_eos it is just another token, so the text runs on to max_tokens."""
+    ids = tokenizer.encode(STORY, add_special_tokens=False)
+    eos = ids[5]  # stands in for the model's end-of-sequence token
+    for ignore_eos, expected in ((False, ids[:6]), (True, ids[:8])):
+        options = GenerationOptions(max_tokens=8, ignore_eos=ignore_eos)
+        seq = Sequence("req", [1], sampling=None, detokenizer=IncrementalDetokenizer(tokenizer), options=options,
+                       eos_token_ids=[eos], context_window=10_000)  # fmt: skip
+        feed(seq, ids)
+        assert (seq.output_ids, seq.finish_reason) == (expected, LENGTH if ignore_eos else STOP)

@@ -1,8 +1,9 @@
-"""The tool-call grammar (inference/engine/tool_grammar.py) in every dialect: a call as the dialect writes it is a
-sentence of the `required` grammar and nothing else is (another function, a value its schema refuses, a missing
-required parameter, text before the call); `auto` allows free text and keeps a call well formed once it opens; and
-random logits sampled under the grammar always give a call that parses and validates. Markup the tokenizer holds as
-one token (the demo model's `<tool_call>`) is named as that token, other markup is text (stories260K)."""
+"""The tool-call grammar (inference/engine/contract/dialects/grammar.py) in every dialect: a call as the dialect writes
+it is a sentence of the `required` grammar and nothing else is (another function, a value its schema refuses, a
+missing required parameter, text before the call); `auto` allows free text and keeps a call well formed once it
+opens; and random logits sampled under the grammar always give a call that parses and validates. Markup the
+tokenizer holds as one token (the demo model's `<tool_call>`) is named as that token, other markup is text
+(stories260K)."""
 
 import json
 import math
@@ -12,14 +13,14 @@ import llguidance
 import pytest
 import torch
 
-from inference.api.tool_calls import parse_tool_calls
+from inference.engine.contract.dialects.base import DIALECTS
+from inference.engine.contract.dialects.grammar import tool_call_grammar
+from inference.engine.contract.dialects.parser import parse_tool_calls
+from inference.engine.contract.dialects.registry import DIALECT
 from inference.engine.contract.params import SamplingParams
-from inference.engine.contract.tool_dialect import DIALECTS
 from inference.engine.grammar import GrammarCompiler
 from inference.engine.sampler import SequenceSampling, sample_batch
 from inference.engine.text.tokenizer import Tokenizer
-from inference.engine.text.tool_prompt import DIALECT_MARKUP, format_call
-from inference.engine.tool_grammar import tool_call_grammar
 from tests.engine.digit_model import BOUNDED_NUMBER, digit_runs, numbers_in, write_under
 from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
@@ -37,7 +38,7 @@ def tokenizer(request, demo_tokenizer, stories_hf_dir):
 
 
 def compiler_and_tokens(tokenizer, dialect):
-    single = frozenset(m for m in DIALECT_MARKUP[dialect] if tokenizer.is_added_token(m))
+    single = frozenset(m for m in DIALECT[dialect].single_tokens if tokenizer.is_added_token(m))
     return GrammarCompiler(tokenizer, tokenizer.vocab_size), single
 
 
@@ -57,34 +58,34 @@ def accepts(tokenizer, dialect, text, **options) -> bool:
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_call_as_the_dialect_writes_it_is_what_required_allows(tokenizer, dialect):
-    weather = format_call(dialect, "get_weather", {"city": "Paris", "unit": "celsius", "days": 3})
+    weather = DIALECT[dialect].render("get_weather", {"city": "Paris", "unit": "celsius", "days": 3})
     assert accepts(tokenizer, dialect, weather, mode="required")
     assert accepts(
-        tokenizer, dialect, format_call(dialect, "get_weather", {"city": "Oslo", "days": 1}), mode="required"
+        tokenizer, dialect, DIALECT[dialect].render("get_weather", {"city": "Oslo", "days": 1}), mode="required"
     )
-    assert accepts(tokenizer, dialect, format_call(dialect, "add", {"a": -2, "b": 25}), mode="required")
-    assert not accepts(tokenizer, dialect, format_call(dialect, "nope", {"a": 1, "b": 2}), mode="required")
-    assert not accepts(tokenizer, dialect, format_call(dialect, "get_weather", {"city": "Paris", "days": 9}),
+    assert accepts(tokenizer, dialect, DIALECT[dialect].render("add", {"a": -2, "b": 25}), mode="required")
+    assert not accepts(tokenizer, dialect, DIALECT[dialect].render("nope", {"a": 1, "b": 2}), mode="required")
+    assert not accepts(tokenizer, dialect, DIALECT[dialect].render("get_weather", {"city": "Paris", "days": 9}),
                        mode="required")  # fmt: skip
-    assert not accepts(tokenizer, dialect, format_call(dialect, "add", {"a": 1}), mode="required")
+    assert not accepts(tokenizer, dialect, DIALECT[dialect].render("add", {"a": 1}), mode="required")
     assert not accepts(tokenizer, dialect, "Sure! " + weather, mode="required")
     assert not accepts(tokenizer, dialect, "", mode="required")
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_named_function_is_the_only_one_allowed(tokenizer, dialect):
-    add = format_call(dialect, "add", {"a": 1, "b": 2})
-    weather = format_call(dialect, "get_weather", {"city": "Paris", "days": 3})
+    add = DIALECT[dialect].render("add", {"a": 1, "b": 2})
+    weather = DIALECT[dialect].render("get_weather", {"city": "Paris", "days": 3})
     assert accepts(tokenizer, dialect, add, mode="required", function="add")
     assert not accepts(tokenizer, dialect, weather, mode="required", function="add")
 
 
 @pytest.mark.parametrize("dialect", ["hermes", "qwen3_coder", "minicpm"])
 def test_auto_allows_text_and_keeps_an_opened_call_well_formed(tokenizer, dialect):
-    add = format_call(dialect, "add", {"a": 1, "b": 2})
+    add = DIALECT[dialect].render("add", {"a": 1, "b": 2})
     assert accepts(tokenizer, dialect, "No call needed, the answer is 3.", mode="auto")
     assert accepts(tokenizer, dialect, f"Let me add them.\n{add}\nDone.", mode="auto")
-    broken = format_call(dialect, "add", {"a": "one", "b": 2})
+    broken = DIALECT[dialect].render("add", {"a": "one", "b": 2})
     assert not accepts(tokenizer, dialect, f"Let me add them.\n{broken}", mode="auto")
 
 

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from inference.api.tool_calls import parse_tool_calls
-from inference.engine.contract.tool_dialect import DIALECTS
+from inference.engine.contract.dialects.base import DIALECTS
+from inference.engine.contract.dialects.parser import parse_tool_calls
+from inference.engine.contract.dialects.registry import DIALECT
 from inference.engine.demo_model import CHAT_TEMPLATE
 from inference.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
-from inference.engine.text.tool_prompt import choose_dialect, format_call, with_decoded_arguments, with_tools_as_text
+from inference.engine.text.tool_prompt import choose_dialect, with_decoded_arguments, with_tools_as_text
 
 TOOLS = [
     {
@@ -60,7 +61,7 @@ def test_a_template_that_reads_tools_is_told_apart_from_one_that_does_not():
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_written_call_parses_back_to_the_same_call(dialect):
     arguments = {"city": "São Paulo", "days": 3, "hourly": True}
-    content, calls, error = parse_tool_calls(dialect, TOOLS, format_call(dialect, "get_weather", arguments))
+    content, calls, error = parse_tool_calls(dialect, TOOLS, DIALECT[dialect].render("get_weather", arguments))
     assert error is None and content is None
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", arguments)]
 
@@ -71,11 +72,11 @@ def test_a_template_without_tools_gets_them_and_the_past_calls_as_text(dialect):
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     system = messages[0]["content"]
     assert system.startswith("Be brief.\n\n# Tools") and '"name": "get_weather"' in system
-    assert messages[2]["content"] == format_call(dialect, "get_weather", {"city": "Paris"})
+    assert messages[2]["content"] == DIALECT[dialect].render("get_weather", {"city": "Paris"})
     assert "tool_calls" not in messages[2]
     assert messages[3]["content"] == '<tool_response>\n{"temperature": 21}\n</tool_response>'
     prompt = ChatTemplate(CHATML_TEMPLATE).render(messages)
-    assert format_call(dialect, "get_weather", {"city": "Paris"}) in prompt
+    assert DIALECT[dialect].render("get_weather", {"city": "Paris"}) in prompt
 
 
 def test_without_a_system_message_the_tools_get_one_of_their_own():
@@ -87,4 +88,4 @@ def test_without_a_system_message_the_tools_get_one_of_their_own():
 def test_a_template_that_reads_tools_gets_the_arguments_as_the_model_wrote_them():
     rendered = ChatTemplate(CHAT_TEMPLATE).render(with_decoded_arguments(CONVERSATION), tools=TOOLS)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in rendered
-    assert format_call("hermes", "get_weather", {"city": "Paris"}) in rendered
+    assert DIALECT["hermes"].render("get_weather", {"city": "Paris"}) in rendered

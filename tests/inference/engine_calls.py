@@ -7,17 +7,24 @@ import uuid
 
 from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import LoadOptions, SamplingParams, ServingLimits
-from inference.runtime.engine_client import EngineClient
+from inference.engine.contract.params import GenerationOptions, LoadOptions, SamplingParams, ServingLimits
+from inference.runtime.client_protocol import EngineClient
 from inference.runtime.generation import EngineError, Generation
 
 LIMIT_FIELDS = set(ServingLimits.__struct_fields__)
+OPTION_FIELDS = set(GenerationOptions.__struct_fields__)
 
 
 def submit(model: str, *, sampling: dict | None = None, request_id: str | None = None, **fields) -> p.Submit:
-    """A SUBMIT for `model`; `sampling` holds SamplingParams fields."""
+    """A SUBMIT for `model`; `sampling` holds SamplingParams fields, and the fields of GenerationOptions (max_tokens,
+    ignore_eos, ...) go to its `options`."""
+    options = GenerationOptions(**{k: fields.pop(k) for k in OPTION_FIELDS & fields.keys()})
     return p.Submit(
-        request_id=request_id or uuid.uuid4().hex, model=model, sampling=SamplingParams(**(sampling or {})), **fields
+        request_id=request_id or uuid.uuid4().hex,
+        model=model,
+        sampling=SamplingParams(**(sampling or {})),
+        options=options,
+        **fields,
     )
 
 

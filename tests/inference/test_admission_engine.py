@@ -11,7 +11,7 @@ import pytest_asyncio
 from inference.api.refusals import as_api_error
 from inference.engine import worker as worker_module
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import ServingLimits
+from inference.engine.contract.params import GenerationOptions, ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
 from inference.engine.kv.kv_budget import (
     PREFIX_CACHE_CAP,
@@ -96,11 +96,21 @@ async def test_a_load_with_no_room_for_its_kv_cache_fails_with_507(client, stori
 def test_low_free_memory_refuses_a_new_generation_with_503(stories_hf_dir):
     load = p.Load(request_id="load-1", name="stories", path=str(stories_hf_dir), limits=ServingLimits(max_concurrent=1))
     hosted = HostedModel.load(load, "cpu")
-    hosted.admit(hosted.prepare(p.Submit(request_id="gen-1", model="stories", messages=MESSAGES, max_tokens=2)))
+    hosted.admit(
+        hosted.prepare(
+            p.Submit(request_id="gen-1", model="stories", messages=MESSAGES, options=GenerationOptions(max_tokens=2))
+        )
+    )
     assert len(hosted.scheduler.waiting) == 1
     hosted.min_free_memory = psutil.virtual_memory().total * 4  # the host dropped below the reserve
     with pytest.raises(RequestRefused) as refused:
-        hosted.admit(hosted.prepare(p.Submit(request_id="gen-2", model="stories", messages=MESSAGES, max_tokens=2)))
+        hosted.admit(
+            hosted.prepare(
+                p.Submit(
+                    request_id="gen-2", model="stories", messages=MESSAGES, options=GenerationOptions(max_tokens=2)
+                )
+            )
+        )
     error = refused.value.error
     assert (error.request_id, *seen_as(EngineError.from_error(error))) == ("gen-2", "server_memory_constrained", 503)
     assert int(as_api_error(EngineError.from_error(error)).headers["Retry-After"]) > 0

@@ -6,12 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from inference.api.serializers import (
-    LoadModelSerializer,
-    UnloadModelSerializer,
-    parse_body,
-    parse_chat_request,
-)
+from inference.api.chat_requests import parse_chat_request
+from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
 from inference.engine.contract.params import SamplingParams
 from pantheon_site.errors import InvalidRequest
 
@@ -25,9 +21,9 @@ def chat(**fields):
 def test_defaults_are_the_specs():
     request = chat()
     assert request.sampling == SamplingParams(temperature=0.7, top_p=0.95, top_k=40)
-    assert request.max_tokens == 1024
-    generation = request.generation
-    assert (request.model, generation.stop, generation.stream, generation.include_usage) == ("", [], False, False)
+    assert request.options.max_tokens == 1024
+    delivery = request.delivery
+    assert (request.model, request.options.stop, delivery.stream, delivery.include_usage) == ("", [], False, False)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +38,7 @@ def test_defaults_are_the_specs():
     ],
 )
 def test_max_tokens_clamps_and_alias(fields, expected):
-    assert chat(**fields).max_tokens == expected
+    assert chat(**fields).options.max_tokens == expected
 
 
 def test_penalties_logit_bias_and_top_logprobs_are_clamped():
@@ -64,9 +60,9 @@ def test_top_logprobs_only_with_logprobs():
 
 
 def test_stop_string_or_list_and_stream_options():
-    assert chat(stop="END").generation.stop == ["END"]
-    assert chat(stop=["a", "", "b"]).generation.stop == ["a", "b"]
-    streaming = chat(stream=True, stream_options={"include_usage": True}).generation
+    assert chat(stop="END").options.stop == ["END"]
+    assert chat(stop=["a", "", "b"]).options.stop == ["a", "b"]
+    streaming = chat(stream=True, stream_options={"include_usage": True}).delivery
     assert streaming.stream and streaming.include_usage
 
 
@@ -182,14 +178,14 @@ def test_nothing_of_one_request_carries_into_the_next():
         parse_chat_request(b'{"messages": [{"role": "wizard", "content": "x"}], "temperature": "hot"}')
     request = chat()
     assert request.sampling == SamplingParams(temperature=0.7, top_p=0.95, top_k=40)
-    assert (request.max_tokens, request.generation.stop) == (1024, [])
+    assert (request.options.max_tokens, request.options.stop) == (1024, [])
 
     def parsed(n):
         return [chat(max_tokens=n, stop=[str(n)]) for _ in range(200)]
 
     with ThreadPoolExecutor(4) as pool:
         for n, requests in zip(range(1, 5), pool.map(parsed, range(1, 5)), strict=True):
-            assert {(r.max_tokens, tuple(r.generation.stop)) for r in requests} == {(n, (str(n),))}
+            assert {(r.options.max_tokens, tuple(r.options.stop)) for r in requests} == {(n, (str(n),))}
 
 
 def test_load_body():

@@ -9,9 +9,9 @@ import json
 import pytest
 from django.test import override_settings
 
+from inference.api.chat_requests import parse_chat_request
 from inference.api.completion_bodies import usage_body
 from inference.api.refusals import as_api_error
-from inference.api.serializers import parse_chat_request
 from inference.api.session_requests import (
     parse_estimate_query,
     parse_restore_request,

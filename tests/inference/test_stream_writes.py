@@ -6,8 +6,8 @@ first, ahead of the error event."""
 import asyncio
 import json
 
+from inference.api.chat_requests import parse_chat_request
 from inference.api.completion_bodies import CompletionContext, stream_chunks
-from inference.api.serializers import parse_chat_request
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.runtime.generation import EngineError, Generation

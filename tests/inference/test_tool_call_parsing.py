@@ -1,4 +1,4 @@
-"""Parsing model outputs into tool calls (inference/api/tool_calls.py), in each dialect, whole and streamed.
+"""Parsing model outputs into tool calls (engine/contract/dialects/parser.py), in each dialect, whole and streamed.
 
 Every output below is written the way a model writes it. Each case is checked parsed whole, and again fed one
 character at a time and in every two-piece split: a stream must give the same content, calls and error."""
@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from inference.api.tool_calls import ToolCall, ToolCallError, ToolCallParser, parse_tool_calls
-from inference.engine.contract.tool_dialect import DIALECTS
+from inference.engine.contract.dialects.base import DIALECTS
+from inference.engine.contract.dialects.parser import ToolCall, ToolCallError, ToolCallParser, parse_tool_calls
 
 TOOLS = [
     {

@@ -212,7 +212,7 @@ def test_v1_models_reports_whether_required_may_think(api, demo_dir, stories_hf_
 
 
 def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_dir):
-    from inference.api.tool_calls import parse_tool_calls
+    from inference.engine.contract.dialects.parser import parse_tool_calls
 
     load(api, demo_dir, "demo")
     body = ask(api, tools=TOOLS, tool_choice="required", seed=9, logprobs=True, top_logprobs=20).json()

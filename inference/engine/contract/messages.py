@@ -15,7 +15,9 @@ session calls (SESSION_EXPORT, _RESTORE, _RELEASE, _WATCH, _LIST) are calls too,
 A worker never names an HTTP status or error type: an ERROR carries a `Reason` (contract/reasons.py) and the data
 that goes with it, and the control plane alone decides what the client sees.
 
-This module imports msgspec and the contract's own modules only, so the control plane speaks it without torch.
+The control plane's messages are in requests.py, their base in message_base.py; the worker's replies are here, with
+the unions each side decodes and the codec. This module imports msgspec and the contract's own modules only, so the
+control plane speaks it without torch.
 """
 
 from __future__ import annotations
@@ -24,191 +26,27 @@ from typing import Any
 
 import msgspec
 
-from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT, ToolDialect
+from inference.engine.contract.message_base import Message, ProtocolError
 from inference.engine.contract.reasons import Reason
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a message the receiver accepts. `request_id` is the id the frame seemed to carry (its
-    second element, when that is a string), so the receiver can still fail that one request instead of leaving it
-    waiting."""
-
-    def __init__(self, message: str, request_id: str | None = None):
-        super().__init__(message)
-        self.request_id = request_id
-
-
-class Message(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every message. Subclasses set `tag` (their one-letter kind on the wire)."""
-
-
-# -- control plane -> worker ----------------------------------------------------------------------------------------
-
-
-class Submit(Message, tag="S"):
-    """Start a generation. Exactly one of `messages` (rendered with the model's chat template in the worker),
-    `prompt` (text, tokenized as it is, with the tokenizer's BOS) and `prompt_token_ids` is set. Answered by
-    STARTED, then TOKENS..., then FINISHED, or by one ERROR at any point. `max_tokens` 0 only prefills (with
-    `prompt_logprobs`, to score the prompt)."""
-
-    request_id: str
-    model: str
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    prompt_token_ids: list[int] | None = None
-    prompt_logprobs: int | None = None  # the log-probability of each prompt token, with this many alternatives
-    tools: list[dict[str, Any]] | None = None
-    tool_grammar: ToolGrammarMode | None = None  # constrain the calls to `tools` (None: free)
-    tool_function: str | None = None  # with tool_grammar "required": the one function that may be called
-    enable_thinking: bool | None = None
-    reasoning_budget: int | None = None  # think tokens before </think> is forced; None: the load's; 0: unbounded
-    sampling: SamplingParams = SamplingParams()
-    max_tokens: int = 1024
-    stop: list[str] = []
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    min_tokens: int = 0  # stop tokens are refused until this many tokens were generated
-    skip_special_tokens: bool = True  # leave the special tokens the model writes out of the text
-    session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
-
-    def __post_init__(self) -> None:
-        if sum(p is not None for p in (self.messages, self.prompt, self.prompt_token_ids)) != 1:
-            raise ValueError("exactly one of messages, prompt and prompt_token_ids must be given")
-        if self.max_tokens < 0:
-            raise ValueError("max_tokens must not be negative")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= TOP_LOGPROBS_LIMIT:
-            raise ValueError(f"prompt_logprobs must be in [0, {TOP_LOGPROBS_LIMIT}]")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError("min_tokens must be in [0, max_tokens]")
-
-
-class Abort(Message, tag="A"):
-    """Drop a generation now and free its KV slot. Unknown or finished ids are ignored (abort is idempotent)."""
-
-    request_id: str
-
-
-class Load(Message, tag="L"):
-    """Load a checkpoint under a served name with the operator's options, served within `limits`. Answered by
-    LOADED or ERROR (a load reason: checkpoint_not_found, bad_checkpoint, out_of_memory, already_loaded, ...).
-    `checkpoint`: `path` is a trainer's saved checkpoint that the weights answer as (its qualified name)."""
-
-    request_id: str
-    name: str
-    path: str
-    options: LoadOptions = LoadOptions()
-    limits: ServingLimits = ServingLimits()
-    checkpoint: ServedCheckpoint | None = None
-
-
-class Unload(Message, tag="U"):
-    """Stop admitting to a model, let its generations finish for up to `drain_timeout` seconds, then free it.
-    Generations still running at the deadline are aborted (each gets ERROR model_unloaded) when `force`; without
-    `force` the unload is called off instead (ERROR drain_timeout) and the model serves on. Unloading a model that
-    is still loading drops it when its load ends. Answered by UNLOADED or ERROR."""
-
-    request_id: str
-    name: str
-    drain_timeout: float = 30.0
-    force: bool = True
-
-
-class StatusQuery(Message, tag="?"):
-    """Ask for the worker's models, memory and queues. Answered by STATUS."""
-
-    request_id: str
-
-
-class Pause(Message, tag="P"):
-    """Stop admitting new sequences to `model` (None: every model); answered by PAUSED once none is running, at a
-    step boundary. Submissions keep queueing meanwhile."""
-
-    request_id: str
-    model: str | None = None
-
-
-class Resume(Message, tag="R"):
-    """Undo PAUSE; answered by RESUMED at once."""
-
-    request_id: str
-    model: str | None = None
-
-
-class SessionExport(Message, tag="E"):
-    """Serialize a session's most recently used conversation. Answered by SESSION_BLOB, or ERROR
-    sessions_disabled, session_not_found or session_busy."""
-
-    request_id: str
-    model: str
-    session_id: str
-
-
-class SessionRestore(Message, tag="I"):
-    """Install an exported conversation under `session_id`: `blob` as SESSION_BLOB carried it, `tokens` the history
-    it covers. Answered by SESSION_RESTORED, or ERROR sessions_disabled, bad_session_blob,
-    weights_version_mismatch or session_capacity; a refused restore changes nothing."""
-
-    request_id: str
-    model: str
-    session_id: str
-    blob: bytes
-    tokens: list[int]
-
-
-class SessionRelease(Message, tag="D"):
-    """Free every conversation of a session now. Idempotent; answered by SESSION_RELEASED."""
-
-    request_id: str
-    model: str
-    session_id: str
-
-
-class SessionWatch(Message, tag="W"):
-    """A watch on a session opened (`watching` true) or closed. While one is open the session is never released
-    for idleness; after the last closes it is released `watch_grace` seconds later unless a new watch opens.
-    Answered by SESSION_WATCHED, or ERROR sessions_disabled."""
-
-    request_id: str
-    model: str
-    session_id: str
-    watching: bool
-
-
-class SessionList(Message, tag="G"):
-    """Ask for a model's sessions. Answered by SESSIONS."""
-
-    request_id: str
-    model: str
-
-
-class WeightsRequest(Message, tag="B"):
-    """A call on a model's weights barrier (contract/weights.py). Answered by WEIGHTS_REPLY or WEIGHTS_REFUSED, at
-    once or, for a quiesce that drains, a save or a load, when that work ends."""
-
-    request_id: str
-    model: str
-    call: WeightsCall
-
-
-class Embed(Message, tag="M"):
-    """Embed each input (a text, tokenized as it is with the BOS, or token ids) with the model's pooling. Answered
-    by EMBEDDINGS, or ERROR (prompt_too_long for an input over the window, bad_request)."""
-
-    request_id: str
-    model: str
-    texts: list[str] | None = None
-    token_ids: list[list[int]] | None = None
-
-    def __post_init__(self) -> None:
-        if (self.texts is None) == (self.token_ids is None):
-            raise ValueError("exactly one of texts and token_ids must be given")
-
-
-class Shutdown(Message, tag="X"):
-    """Abort everything (each generation gets ERROR shutting_down) and exit the worker loop."""
-
+from inference.engine.contract.requests import (
+    Abort,
+    Embed,
+    Load,
+    Pause,
+    Resume,
+    SessionExport,
+    SessionList,
+    SessionRelease,
+    SessionRestore,
+    SessionWatch,
+    Shutdown,
+    StatusQuery,
+    Submit,
+    Unload,
+    WeightsRequest,
+)
+from inference.engine.contract.weights import WeightsSnapshot
 
 # -- worker -> control plane ----------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The parameters that cross the process boundary: how to sample a generation, and how to load and serve a model.
+"""The parameters that cross the process boundary: how to sample a generation and when it ends, and how to load and
+serve a model.
 
 Torch-free and Django-free (msgspec only), so the control plane builds these and the worker receives the very same
 types. Each checks its invariants in `__post_init__`, which msgspec runs both when code builds one and when the
@@ -57,6 +58,27 @@ class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+
+class GenerationOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What ends one generation and how its text is written, as the API edge resolved them: at most `max_tokens`
+    tokens (0 only prefills, to score the prompt); the `stop` strings and `stop_token_ids` end it, and the model's
+    end-of-sequence tokens too unless `ignore_eos`; none of these may end it before `min_tokens` tokens; the special
+    tokens the model writes are left out of the text when `skip_special_tokens`. Carried whole from the edge's
+    request to the worker's `Sequence`."""
+
+    max_tokens: int = 1024
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must not be negative")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError("min_tokens must be in [0, max_tokens]")
 
 
 # A tensor dtype a load may ask for, by torch's name; empty: chosen automatically (LoadOptions says how, per field).

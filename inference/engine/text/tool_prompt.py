@@ -17,47 +17,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect
-
-# Markup a template writes for a call, and the dialect it belongs to; the first found wins.
-TEMPLATE_MARKUP: tuple[tuple[str, ToolDialect], ...] = (
-    ("<function=", "qwen3_coder"),
-    ("<tool_call>", "hermes"),
-    ("<function name=", "minicpm"),
-)
-# Markup strings of each dialect that a tokenizer may hold as single tokens (the tool grammar must name those).
-DIALECT_MARKUP: dict[ToolDialect, tuple[str, ...]] = {
-    "hermes": ("<tool_call>", "</tool_call>"),
-    "qwen3_coder": ("<tool_call>", "</tool_call>"),
-    "minicpm": (),
-    "json": (),
-}
-CALL_INSTRUCTIONS: dict[ToolDialect, str] = {
-    "hermes": (
-        "For each function call, return a JSON object with the function name and arguments within <tool_call>"
-        '</tool_call> tags:\n<tool_call>\n{"name": <function-name>, "arguments": <arguments-object>}\n</tool_call>'
-    ),
-    "qwen3_coder": (
-        "To call a function, reply in exactly this format:\n<tool_call>\n<function=example_function_name>\n"
-        "<parameter=example_parameter>\nvalue\n</parameter>\n</function>\n</tool_call>"
-    ),
-    "minicpm": (
-        'To call a function, reply in exactly this format:\n<function name="example_function_name">'
-        '<param name="example_parameter">value</param></function>'
-    ),
-    "json": (
-        'To call a function, reply with only a JSON object: {"name": <function-name>, "arguments": <arguments-object>}'
-    ),
-}
+from inference.engine.contract.dialects.base import DEFAULT_DIALECT, ToolDialect
+from inference.engine.contract.dialects.registry import DIALECT, TEMPLATE_ORDER
 
 
 def choose_dialect(template_source: str, *, name: str, architecture: str, template_writes_bos: bool) -> ToolDialect:
     """The dialect a model's calls are parsed in (see the module docstring)."""
     if name.lower().startswith("ornith"):
         return "json"
-    for markup, dialect in TEMPLATE_MARKUP:
-        if markup in template_source:
-            return dialect
+    for dialect in TEMPLATE_ORDER:
+        if dialect.template_markup is not None and dialect.template_markup in template_source:
+            return dialect.name
     if architecture == "llama" and template_writes_bos:
         return "minicpm"
     return DEFAULT_DIALECT
@@ -91,28 +61,12 @@ def with_decoded_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def format_call(dialect: ToolDialect, name: str, arguments: Any) -> str:
-    """One call as the model writes it in `dialect`."""
-    args = arguments if isinstance(arguments, dict) else {}
-    if dialect == "hermes":
-        body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-        return f"<tool_call>\n{body}\n</tool_call>"
-    if dialect == "json":
-        return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    values = {key: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for key, v in args.items()}
-    if dialect == "qwen3_coder":
-        params = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in values.items())
-        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
-    params = "".join(f'<param name="{key}">{value}</param>' for key, value in values.items())
-    return f'<function name="{name}">{params}</function>'
-
-
 def tools_system_text(dialect: ToolDialect, tools: list[dict[str, Any]]) -> str:
     """The system text that offers `tools` to a model whose template does not render them."""
     signatures = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
     return (
         "# Tools\n\nYou may call one or more of these functions. Their signatures, one JSON object per line:\n"
-        f"<tools>\n{signatures}\n</tools>\n\n{CALL_INSTRUCTIONS[dialect]}"
+        f"<tools>\n{signatures}\n</tools>\n\n{DIALECT[dialect].instructions}"
     )
 
 
@@ -125,7 +79,8 @@ def with_tools_as_text(
     for message in messages:
         role = message.get("role")
         if role == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(format_call(dialect, *call_arguments(call)) for call in message["tool_calls"])
+            render = DIALECT[dialect].render
+            calls = "\n".join(render(*call_arguments(call)) for call in message["tool_calls"])
             content = message.get("content") or ""
             message = {k: v for k, v in message.items() if k != "tool_calls"}
             message["content"] = f"{content}\n{calls}" if content else calls
