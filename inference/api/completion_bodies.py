@@ -20,12 +20,12 @@ from typing import Any
 import msgspec
 
 from inference.api.answer_parts import AnswerParts, finish_reason
-from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest
 from inference.engine.contract import messages as p
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
+from inference.services.refusals import as_api_error
 from pantheon_site.errors import PantheonError, openai_error_body
 
 

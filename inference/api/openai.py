@@ -18,14 +18,14 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import CompletionContext, complete, refused_stream, stream_chunks
 from inference.api.methods import only
-from inference.api.model_rows import v1_model_row
-from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest, parse_chat_request
 from inference.engine.contract.messages import Submit
 from inference.runtime.engine_client import EngineClient
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import ModelRouter, get_router, load_allowed
+from inference.services.model_rows import v1_model_row
+from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
 

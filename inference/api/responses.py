@@ -26,13 +26,13 @@ from inference.api.answer_parts import AnswerParts
 from inference.api.completion_bodies import millm_model, sse
 from inference.api.methods import only
 from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, counted, submit_choices
-from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatCompletionSerializer, chat_request_from, parse_json_object, validated
 from inference.engine.contract import messages as p
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
 from inference.runtime.router import get_router, load_allowed
+from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
 

@@ -44,7 +44,8 @@ WATCH_KEEPALIVE = b": keep-alive\n\n"
 @admin_route("session_export")
 async def export(request):
     """The session's most recently used conversation: blob (base64), the tokens it covers, the weights version; or,
-    asked with `Accept: application/octet-stream`, the session file (session_file.py) that restore takes raw."""
+    asked with `Accept: application/octet-stream`, the session file (inference/services/session_file.py) that
+    restore takes raw."""
     target = parse_session_target(request.body)  # the body only: export ignores X-Session-Id
     request.audit.model = target.name
     raw = RAW_BODY in request.headers.get("Accept", "")

@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inference.api.serializers import (
-    LoadModelSerializer,
     UnloadModelSerializer,
     parse_body,
     parse_chat_request,
 )
 from inference.engine.contract.params import SamplingParams
+from inference.services.load_body import LoadModelSerializer
 from pantheon_site.errors import InvalidRequest
 
 HELLO = [{"role": "user", "content": "hello"}]

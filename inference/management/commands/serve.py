@@ -47,12 +47,13 @@ class Command(PantheonCommand):
         from twisted.internet import defer, reactor
 
         from inference.runtime.control_plane import ControlPlane
+        from inference.services.model_lifecycle import load_catalogued
         from pantheon_site.asgi import application
 
         loop = reactor._asyncioEventloop
         asyncio.set_event_loop(loop)
         build_id()  # computed once now rather than by the first request
-        plane = ControlPlane()
+        plane = ControlPlane(load_catalogued)
         self.stdout.write("Starting the workers...")
         loop.run_until_complete(plane.start())
         devices = ", ".join(sorted(plane.client.workers()))
