@@ -7,7 +7,6 @@ The work itself is in inference/services/model_lifecycle.py.
 
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.api.operator_auth import admin_route
 from inference.api.serializers import UnloadModelSerializer, parse_body, parse_json_object
 from inference.runtime.host_probe import dies_visible
@@ -15,6 +14,7 @@ from inference.runtime.router import get_router
 from inference.services.load_body import validate_load_body
 from inference.services.model_lifecycle import LoadRequest, do_load_model, do_unload_model
 from inference.services.model_rows import instance_rows
+from pantheon_site.methods import only
 
 
 @only("GET")

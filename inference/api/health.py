@@ -4,10 +4,10 @@ how far a running load has read) and the weights barrier's summary (docs/schemas
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.runtime.router import installed_router
 from inference.services.model_rows import load_progress_fields
 from inference.services.serving import health_fields
+from pantheon_site.methods import only
 from weights.status import health_summary
 
 
