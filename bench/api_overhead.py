@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from inference.engine.contract import messages as p  # noqa: E402
 from inference.engine.contract.params import SamplingParams  # noqa: E402
 from inference.engine.hosted_model import HostedModel  # noqa: E402
+from inference.engine.step_results import Ended  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 
@@ -40,7 +41,7 @@ def engine_latencies(model_path: str, requests: int) -> list[float]:
             p.Submit(request_id=f"r{i}", model="bench", messages=MESSAGES, sampling=greedy, max_tokens=1)
         )
         hosted.scheduler.add(seq)
-        while not any(isinstance(m, p.Finished) for m in hosted.scheduler.step()):
+        while not any(isinstance(m, Ended) for m in hosted.scheduler.step()):
             pass
         latencies.append(time.perf_counter() - start)
     return latencies
