@@ -1,5 +1,6 @@
 """The load options as form inputs, and a posted form as the load route's body, so the UI offers every option the
-API has (LoadOptions' fields, read from the struct like the route's serializer) and validates them the same way."""
+API has (LoadOptions' fields, read from the struct) and validates them with the route's own validator
+(inference/services/load_body.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from inference.api.serializers import LoadModelSerializer, validated
 from inference.engine.contract.params import LoadOptions
+from inference.services.load_body import validate_load_body
 
 _FIELDS = msgspec.inspect.type_info(LoadOptions).fields
 
@@ -38,7 +39,7 @@ def option_inputs(options: LoadOptions | None = None) -> list[dict[str, Any]]:
 
 
 def load_body(post) -> dict[str, Any]:
-    """The posted form as LoadModelSerializer's validated data (InvalidRequest naming a bad field): an empty number
+    """The posted form as a validated load body (InvalidRequest naming a bad field): an empty number
     is the option's default, an unchecked box is false, an empty device is automatic. The form shows every option,
     so the body names every option: what the operator sees replaces the catalogue entry's saved options."""
     body: dict[str, Any] = {"path": post.get("path", "").strip()}
@@ -51,7 +52,7 @@ def load_body(post) -> dict[str, Any]:
             body[option.name] = option.name in post
         else:
             body[option.name] = post.get(option.name, "") or option.default
-    return dict(validated(LoadModelSerializer, body))
+    return validate_load_body(body)
 
 
 def options_of(body: dict[str, Any]) -> LoadOptions:

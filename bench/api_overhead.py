@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from inference.engine.contract import messages as p  # noqa: E402
 from inference.engine.contract.params import GenerationOptions, SamplingParams  # noqa: E402
 from inference.engine.hosted_model import HostedModel  # noqa: E402
+from inference.engine.step_results import Ended  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Once upon a time"}]
 
@@ -46,7 +47,7 @@ def engine_latencies(model_path: str, requests: int) -> list[float]:
             )
         )
         hosted.scheduler.add(seq)
-        while not any(isinstance(m, p.Finished) for m in hosted.scheduler.step()):
+        while not any(isinstance(m, Ended) for m in hosted.scheduler.step()):
             pass
         latencies.append(time.perf_counter() - start)
     return latencies

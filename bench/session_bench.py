@@ -77,13 +77,13 @@ def long_context_model(random_hf: Path) -> Path:
 def session_ttft(model_dir: Path, chunk: int, repeats: int, seed: int) -> list[dict]:
     """`repeats` (cold, warm) pairs after one discarded warm-up pair; seconds from `Scheduler.add` to the step that
     returns the turn's first token, and the prompt tokens each turn found cached."""
-    from inference.engine.contract.messages import Started, Tokens
     from inference.engine.contract.params import GenerationOptions, SamplingParams
     from inference.engine.kv.sessions import SessionTable
     from inference.engine.loaders.loading import load_model
     from inference.engine.sampler import SequenceSampling
     from inference.engine.scheduler import Scheduler
     from inference.engine.sequence import Sequence
+    from inference.engine.step_results import Admitted, Streamed
     from inference.engine.text.detokenizer import IncrementalDetokenizer
 
     model = load_model(model_dir, max_concurrent=DECODE_SLOTS, context_window=LONG_CONTEXT_LIMIT)
@@ -113,9 +113,9 @@ def session_ttft(model_dir: Path, chunk: int, repeats: int, seed: int) -> list[d
         start, cached = time.perf_counter(), -1
         while True:
             for message in scheduler.step():
-                if isinstance(message, Started) and message.request_id == request_id:
+                if isinstance(message, Admitted) and message.request_id == request_id:
                     cached = message.cached_tokens
-                if isinstance(message, Tokens) and message.request_id == request_id:
+                if isinstance(message, Streamed) and message.request_id == request_id:
                     return time.perf_counter() - start, cached
 
     rows = []

@@ -4,6 +4,7 @@ imports Django and must not pay for torch (seconds of import, a large share of m
 touches a GPU before the workers start). One stray top-level import on either side breaks that, and nothing else
 notices: both sides still work, only slower or heavier."""
 
+import ast
 import json
 import os
 import subprocess
@@ -137,3 +138,127 @@ def test_a_worker_that_does_not_compile_loads_no_compiler():
         django_setup=False,
     )
     assert found["loaded"] == [], explain(found)
+
+
+# -- the floors of the house, read from the source ------------------------------------------------------------------
+#
+# edge (inference.api, admin_ui, the management commands) -> services (inference.services) -> runtime
+# (inference.runtime) -> engine (inference.engine): an import runs down a floor or stays on its own, never up. Every
+# import statement counts, at the top of a module or inside a function, under `if TYPE_CHECKING:` too: a circle made
+# only by type hints is mended by moving the shared type down, not by hiding the import.
+
+HOUSE = ("inference", "weights", "pantheon_site", "admin_ui")
+EDGE = ("inference.api", "admin_ui", "inference.management")
+
+# (importer, what it must not import, the exceptions): a module under `importer` imports no module under `forbidden`
+# unless it is under one of the exceptions.
+FLOORS = [
+    ("inference.engine", ("inference", "weights", "pantheon_site", "admin_ui"), ("inference.engine",)),
+    ("inference.runtime", ("inference.services", "weights", *EDGE), ()),
+    ("inference.services", EDGE, ()),
+    ("weights", EDGE, ()),
+    # The UI reads and acts through the services, never through the HTTP edge or the runtime's router.
+    ("admin_ui", ("inference.api", "inference.runtime"), ()),
+    # The commands likewise; they share with the HTTP edge only the operator credential they present to it.
+    ("inference.management", ("inference.api", "inference.runtime.router"), ("inference.api.operator_auth",)),
+]
+
+
+def _house_modules() -> dict[str, Path]:
+    """Every module of the house by dotted name (a package by its __init__.py)."""
+    modules = {}
+    for package in HOUSE:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _under(name: str, prefixes) -> bool:
+    return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each house module's imports of other house modules (`from package import module` names the module)."""
+    modules = _house_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {resolve(alias.name) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{anchor}.{base}" if base else anchor
+                targets |= {resolve(f"{base}.{alias.name}") for alias in node.names}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def test_no_import_runs_up_a_floor():
+    graph = _import_graph()
+    upward = [
+        f"{module} imports {target}"
+        for importer, forbidden, allowed in FLOORS
+        for module, targets in sorted(graph.items())
+        if _under(module, [importer])
+        for target in sorted(targets)
+        if _under(target, forbidden) and not _under(target, allowed) and not _under(target, [importer])
+    ]
+    assert upward == [], "\n".join(upward)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, without recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_circle_between_files():
+    circles = _circles(_import_graph())
+    assert circles == [], "\n".join(" <-> ".join(circle) for circle in circles)

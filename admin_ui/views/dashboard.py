@@ -2,28 +2,17 @@
 polls (no database query: everything comes from the router and the workers' status replies)."""
 
 from admin_ui.views import common
-from inference.api.health import health_fields
-from inference.api.model_rows import instance_rows
-from inference.runtime.router import installed_router
+from inference.services import serving
+from inference.services.model_rows import instance_rows
 
 
 async def _snapshot() -> dict:
-    router = installed_router()
+    router = serving.router_if_serving()
     if router is None:
-        return {"health": health_fields(), "devices": [], "instances": [], "serving": False}
-    statuses = sorted(await router.client.status(), key=lambda status: status.device)
-    devices = [
-        {
-            "device": status.device,
-            "pid": status.pid,
-            "memory_total": status.memory_total,
-            "memory_used": status.memory_used,
-            "percent": round(100 * status.memory_used / status.memory_total) if status.memory_total else 0,
-            "models": [model.name for model in status.models],
-        }
-        for status in statuses
-    ]
-    return {"health": health_fields(), "devices": devices, "instances": await instance_rows(router), "serving": True}
+        return {"health": serving.health_fields(), "devices": [], "instances": [], "serving": False}
+    devices = await serving.device_rows(router)
+    return {"health": serving.health_fields(), "devices": devices, "instances": await instance_rows(router),
+            "serving": True}  # fmt: skip
 
 
 async def page(request):

@@ -15,11 +15,11 @@ from django.views.decorators.http import require_POST
 from admin_ui.load_form import load_body, option_inputs, options_of
 from admin_ui.views import common
 from admin_ui.views.common import Notice, ui_call
-from inference.api.model_rows import instance_rows
 from inference.models import CatalogModel, InstanceState, ModelInstance
-from inference.runtime.router import get_router, installed_router
 from inference.services.catalogue import checkpoint_at, do_catalogue_model, do_remove_catalogue_model
 from inference.services.model_lifecycle import LoadRequest, do_load_model, do_unload_model
+from inference.services.model_rows import instance_rows
+from inference.services.serving import router_if_serving, serving_router
 from pantheon_site.errors import PantheonError
 
 
@@ -30,8 +30,8 @@ def _stored_rows():
 
 
 async def _instances() -> list[dict]:
-    router = installed_router()
-    return await instance_rows(router) if router is not None else []
+    serving = router_if_serving()
+    return await instance_rows(serving) if serving is not None else []
 
 
 async def _render(request, notices: list[Notice] | None = None):
@@ -39,7 +39,7 @@ async def _render(request, notices: list[Notice] | None = None):
     return common.page(
         request, "admin_ui/models.html", "models", notices,
         catalogue=catalogue, failures=failures, instances=await _instances(), options=option_inputs(),
-        serving=installed_router() is not None, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S,
+        serving=router_if_serving() is not None, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S,
     )  # fmt: skip
 
 
@@ -69,7 +69,7 @@ async def load(request):
         async with ui_call(request, "model_load") as call:
             body = load_body(request.POST)
             call.model = body.get("name") or body["path"]
-            row = await do_load_model(get_router(), LoadRequest.from_body(body))
+            row = await do_load_model(serving_router(), LoadRequest.from_body(body))
             call.model = row["id"]
             call.details = {"path": row["path"], "device": row["device"], "instance_id": row.get("instance_id")}
             return row
@@ -85,7 +85,7 @@ async def unload(request):
 
     async def audited_unload():
         async with ui_call(request, "model_unload", model=name) as call:
-            result = await do_unload_model(get_router(), name=name)
+            result = await do_unload_model(serving_router(), name=name)
             call.details = {k: v for k, v in result.items() if k != "unloaded"}
             return result
 

@@ -2,12 +2,12 @@
 so what it shows is exactly what an API client gets. The page itself only lists the served models."""
 
 from admin_ui.views import common
-from inference.runtime.router import installed_router
+from inference.services.serving import router_if_serving
 
 
 def page(request):
     """The playground, its model select pre-filled with the names served now (none when this process runs no engine;
     the browser then asks /v1/models)."""
-    router = installed_router()
+    router = router_if_serving()
     names = sorted(router.serving_names()) if router is not None else []
     return common.page(request, "admin_ui/playground.html", "playground", models=names)

@@ -7,29 +7,28 @@ the signed-in user as actor.
 """
 
 import asyncio
-import json
 
 from django.http import HttpResponse
 from django.views.decorators.http import require_POST
 
 from admin_ui.views import common
 from admin_ui.views.common import Notice, ui_call
-from inference.api.session_requests import parse_restore_request
-from inference.runtime.router import get_router, installed_router
 from inference.services import sessions
+from inference.services.serving import router_if_serving, serving_router
+from inference.services.session_export import read_export
 from pantheon_site.audit import user_actor
 from pantheon_site.errors import BadSessionBlob, PantheonError
 
 
 async def _tables() -> list[dict]:
     """One entry per served model: its sessions, or why it has none to show."""
-    router = installed_router()
-    if router is None:
+    serving = router_if_serving()
+    if serving is None:
         return []
     tables = []
-    for name in sorted(router.serving_names()):
+    for name in sorted(serving.serving_names()):
         try:
-            tables.append({"model": name, "sessions": (await sessions.list_sessions(router, name))["data"]})
+            tables.append({"model": name, "sessions": (await sessions.list_sessions(serving, name))["data"]})
         except PantheonError as error:
             tables.append({"model": name, "sessions": [], "error": error.message})
     return tables
@@ -47,7 +46,9 @@ async def page(request):
 async def release(request):
     model, session_id = request.POST.get("model", ""), request.POST.get("session_id", "")
     try:
-        await sessions.do_release_session(get_router(), name=model, session_id=session_id, actor=user_actor(request))
+        await sessions.do_release_session(
+            serving_router(), name=model, session_id=session_id, actor=user_actor(request)
+        )
     except PantheonError as error:
         return await _render(request, [Notice(error.message, "error")])
     return await _render(request, [Notice(f"Released session {session_id} of {model}.")])
@@ -58,24 +59,13 @@ async def export(request):
     model, session_id = request.POST.get("model", ""), request.POST.get("session_id", "")
     try:
         async with ui_call(request, "session_export", model=model) as call:
-            model, body = await sessions.export_session(get_router(), model, session_id)
+            model, body = await sessions.export_session(serving_router(), model, session_id)
             call.details = {"session_id": session_id}
     except PantheonError as error:
         return await _render(request, [Notice(error.message, "error")])
     response = HttpResponse(body, content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="session-{model}-{session_id}.json"'
     return response
-
-
-def _restore_body(model: str, session_id: str, upload: bytes) -> bytes:
-    """An export file as POST /session/restore's body, under `session_id` (empty: the file's own)."""
-    try:
-        exported = json.loads(upload)
-        blob, tokens = exported["blob_b64"], exported["tokens"]
-    except (ValueError, KeyError, TypeError):
-        raise BadSessionBlob("the file is not a session export", reason="not_an_export") from None
-    body = {"name": model, "session_id": session_id or exported.get("session_id", ""), "blob": blob, "tokens": tokens}
-    return json.dumps(body).encode()
 
 
 @require_POST
@@ -86,9 +76,10 @@ async def restore(request):
         async with ui_call(request, "session_restore", model=model) as call:
             if upload is None:
                 raise BadSessionBlob("choose an exported session file", reason="no_file")
-            raw = _restore_body(model, session_id, upload.read())
-            target = await asyncio.to_thread(parse_restore_request, raw, {})
-            result = await sessions.restore_session(get_router(), model, target.session_id, target.blob, target.tokens)
+            target = await asyncio.to_thread(read_export, model, session_id, upload.read())
+            result = await sessions.restore_session(
+                serving_router(), model, target.session_id, target.blob, target.tokens
+            )
             call.details = {"session_id": result["session_id"], "n_tok": result["n_tok"]}
     except PantheonError as error:
         return await _render(request, [Notice(error.message, "error")])

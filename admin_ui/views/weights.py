@@ -11,7 +11,7 @@ from django.views.decorators.http import require_POST
 from admin_ui.views import common
 from admin_ui.views.common import Notice, ui_call
 from inference.engine.contract.weights import WeightsOperation
-from inference.runtime.router import get_router, installed_router
+from inference.services.serving import router_if_serving, serving_router
 from pantheon_site.errors import PantheonError
 from pantheon_site.models import Role
 from weights import services
@@ -37,7 +37,7 @@ def _checkpoint_tree() -> list[dict]:
 def _panel() -> dict:
     """The attachment panel shows the default model (the attached one, else the only attachable one); the table
     below it every served model's weights, since with several served no one of them is the default."""
-    router = installed_router()
+    router = router_if_serving()
     status, models = None, []
     if router is not None:
         status = status_body(router, default_placement(router))
@@ -59,7 +59,7 @@ async def clear_stale(request):
         async with ui_call(request, "weights_clear_stale") as call:
             record = services.CallRecord()
             await services.call_barrier(
-                get_router(), WeightsOperation.CLEAR_STALE, role=Role.OPERATOR,
+                serving_router(), WeightsOperation.CLEAR_STALE, role=Role.OPERATOR,
                 label=request.user.get_username(), record=record,
             )  # fmt: skip
             call.model = record.model

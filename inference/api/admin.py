@@ -7,13 +7,14 @@ The work itself is in inference/services/model_lifecycle.py.
 
 from django.http import JsonResponse
 
-from inference.api.methods import only
-from inference.api.model_rows import instance_rows
 from inference.api.operator_auth import admin_route
-from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
+from inference.api.serializers import UnloadModelSerializer, parse_body, parse_json_object
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import get_router
+from inference.services.load_body import validate_load_body
 from inference.services.model_lifecycle import LoadRequest, do_load_model, do_unload_model
+from inference.services.model_rows import instance_rows
+from pantheon_site.methods import only
 
 
 @only("GET")
@@ -26,7 +27,7 @@ async def list_instances(request):
 @only("POST")
 @admin_route("model_load")
 async def load(request):
-    body = parse_body(LoadModelSerializer, request.body)
+    body = validate_load_body(parse_json_object(request.body))
     request.audit.model = body.get("name") or body["path"]
     row = await do_load_model(get_router(), LoadRequest.from_body(body))
     request.audit.model = row["id"]

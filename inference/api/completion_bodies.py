@@ -21,11 +21,11 @@ import msgspec
 
 from inference.api.answer_parts import AnswerParts, finish_reason
 from inference.api.chat_requests import ChatRequest
-from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.dialects.base import DEFAULT_DIALECT
 from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
+from inference.services.refusals import as_api_error
 from pantheon_site.errors import PantheonError, openai_error_body
 
 

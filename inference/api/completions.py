@@ -20,12 +20,12 @@ from inference.api.completion_bodies import error_event, millm_model, sse
 from inference.api.completion_requests import CompletionRequest, parse_completion_request
 from inference.api.generation_requests import sampling_for_choice
 from inference.api.generation_route import GenerationRun, run_generation
-from inference.api.methods import only
-from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
+from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
+from pantheon_site.methods import only
 
 
 class Choice:

@@ -22,11 +22,11 @@ from typing import Any
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import millm_model, refused_stream
-from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.runtime.client_protocol import EngineClient, ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import ModelRouter, get_router, load_allowed
+from inference.services.refusals import as_api_error
 from pantheon_site.errors import ContextOverBudget
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

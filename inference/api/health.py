@@ -4,27 +4,11 @@ how far a running load has read) and the weights barrier's summary (docs/schemas
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
-from inference.api.methods import only
-from inference.api.model_rows import load_progress_fields
-from inference.runtime.client_protocol import installed_client
-from inference.runtime.host_probe import backend, build_id, dies_visible
 from inference.runtime.router import installed_router
+from inference.services.model_rows import load_progress_fields
+from inference.services.serving import health_fields
+from pantheon_site.methods import only
 from weights.status import health_summary
-
-
-def health_fields() -> dict:
-    """What GET / answers (and GET /api/health/detailed begins with): service, status, backend, build, accelerator,
-    dies_visible."""
-    client = installed_client()  # None in a process without the engine: still healthy, with 0 dies
-    dies = dies_visible(client)
-    return {
-        "service": "pantheon",
-        "status": "ok",
-        "backend": backend(client),
-        "build": build_id(),
-        "accelerator": dies > 0,
-        "dies_visible": dies,
-    }
 
 
 def _model_entry(name: str, placement) -> dict:

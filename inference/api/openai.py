@@ -13,15 +13,15 @@ from django.http import JsonResponse
 from inference.api.chat_requests import ChatRequest, parse_chat_request
 from inference.api.completion_bodies import CompletionContext, complete, stream_chunks
 from inference.api.generation_route import GenerationRun, run_generation
-from inference.api.methods import only
-from inference.api.model_rows import v1_model_row
 from inference.engine.contract.messages import Submit
 from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import Generation
 from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import get_router
+from inference.services.model_rows import v1_model_row
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import NoModelsLoaded
+from pantheon_site.methods import only
 
 
 @only("GET")

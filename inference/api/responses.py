@@ -27,8 +27,6 @@ from inference.api.answer_parts import AnswerParts
 from inference.api.chat_requests import ChatCompletionSerializer, chat_request_from
 from inference.api.completion_bodies import millm_model, sse
 from inference.api.generation_route import GenerationRun, run_generation
-from inference.api.methods import only
-from inference.api.refusals import as_api_error
 from inference.api.serializers import parse_json_object, validated
 from inference.engine.contract import messages as p
 from inference.engine.contract.dialects.base import DEFAULT_DIALECT
@@ -36,8 +34,10 @@ from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
 from inference.runtime.router import get_router
+from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
+from pantheon_site.methods import only
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 

@@ -14,14 +14,11 @@ import json
 import threading
 from typing import Any
 
-import msgspec
 from rest_framework import serializers
 
-from inference.engine.contract.params import LoadOptions
+from inference.services.session_export import session_id_error
 from pantheon_site.errors import InvalidRequest, as_pantheon_error
 
-MAX_DIES = 8
-SESSION_ID_MAX_CHARS = 256  # a session key is an opaque id (opencode sends a ulid); this bounds what we keep and log
 SESSION_HEADER = "X-Session-Id"
 
 
@@ -88,20 +85,6 @@ def _bound_serializer(serializer_class: type[serializers.Serializer]) -> seriali
     return serializer
 
 
-def session_id_error(value: Any) -> str | None:
-    """Why `value` is not a session key (None when it is one): a non-empty string of at most SESSION_ID_MAX_CHARS
-    printable characters."""
-    if not isinstance(value, str):
-        return "must be a string"
-    if not value:
-        return "must not be empty"
-    if len(value) > SESSION_ID_MAX_CHARS:
-        return f"must be at most {SESSION_ID_MAX_CHARS} characters"
-    if not value.isprintable():
-        return "must not contain control characters"
-    return None
-
-
 class SessionIdField(serializers.Field):
     """A session key in a body or query (see `session_id_error`); null or absent reads as no key."""
 
@@ -131,42 +114,6 @@ def session_id_from_header(headers: Any) -> str | None:
 
 
 # -- operator routes ----------------------------------------------------------------------------------------------
-
-
-class NonNegativeIntegerField(serializers.IntegerField):
-    """A count where 0 (or, as in the C server's parsing, anything below it) means "the engine's default"."""
-
-    def to_internal_value(self, data):
-        return max(0, super().to_internal_value(data))
-
-
-def _load_option_field(option: msgspec.inspect.Field) -> serializers.Field:
-    """The body field of one LoadOptions field, optional and without a default (an option the body leaves out keeps
-    the catalogue entry's saved value): a count (negative reads as 0), a flag, or one of the struct's names (dtype
-    "" is automatic)."""
-    kind = option.type.type if isinstance(option.type, msgspec.inspect.Metadata) else option.type
-    if isinstance(kind, msgspec.inspect.BoolType):
-        return serializers.BooleanField(required=False)
-    if isinstance(kind, msgspec.inspect.IntType):
-        return NonNegativeIntegerField(required=False)
-    if isinstance(kind, msgspec.inspect.LiteralType):
-        return serializers.ChoiceField(choices=kind.values, required=False)
-    raise TypeError(f"LoadOptions.{option.name}: no body field for {kind!r}")
-
-
-class LoadModelSerializer(serializers.Serializer):
-    """POST /admin/models/load. `dies` are CUDA device ordinals (at most 8); `device` ("cpu", "cuda:N") is
-    Pantheon's own spelling of the same choice. A load places a model on one device. The options (ctx_cap, ...,
-    dtype) are LoadOptions' fields, read from the struct; the validated data holds those the body named."""
-
-    path = serializers.CharField()
-    name = serializers.CharField(required=False, max_length=200)
-    dies = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False, max_length=MAX_DIES)
-    device = serializers.RegexField(r"^(cpu|cuda:\d+)$", required=False)
-
-    def get_fields(self):
-        options = msgspec.inspect.type_info(LoadOptions).fields
-        return {**super().get_fields(), **{option.name: _load_option_field(option) for option in options}}
 
 
 class UnloadModelSerializer(serializers.Serializer):

@@ -1,7 +1,8 @@
 """Request bodies and queries of the session routes (POST /admin/session/export, /session/restore, /session/release,
 GET /session/estimate, /session/watch), validated at the edge like every other body (serializers.py): anything
 wrong is 400 invalid_request_error naming the field, except a restore blob that is not base64 or a session file
-that cannot be one (session_file.py), which are the spec's 400 bad_session_blob and never reach the worker.
+that cannot be one (inference/services/session_file.py), which are the spec's 400 bad_session_blob and never reach
+the worker.
 
 In each route the session id is the body's (or query's) `session_id`, else the X-Session-Id header; export reads the
 body only. `name` selects the model; "" means the default one (inference/services/sessions.py resolves it).
@@ -9,29 +10,24 @@ body only. `name` selects the model; "" means the default one (inference/service
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from typing import Any
 
 from rest_framework import serializers
 
 from inference.api.serializers import SessionIdField, parse_json_object, session_id_from_header, validated
-from inference.api.session_file import read_session_file
 from inference.engine.contract.params import TOKEN_ID_LIMIT
-from pantheon_site.errors import BadSessionBlob, InvalidRequest
-
-BASE64_WHITESPACE = b" \t\r\n"  # line breaks a base64 encoder may have inserted; dropped before decoding
+from inference.services.session_export import RestoreRequest, decode_blob, token_ids_error
+from inference.services.session_file import read_session_file
+from pantheon_site.errors import InvalidRequest
 
 
 class TokenListField(serializers.Field):
-    """A non-empty array of token ids, checked in one pass (a restored history may be long)."""
+    """A non-empty array of token ids (`token_ids_error`)."""
 
     def to_internal_value(self, data):
-        if not isinstance(data, list) or not data:
-            raise serializers.ValidationError("must be a non-empty array of token ids")
-        if not all(type(t) is int and 0 <= t <= TOKEN_ID_LIMIT for t in data):
-            raise serializers.ValidationError("every token id must be an integer in [0, 2^31 - 1]")
+        if problem := token_ids_error(data):
+            raise serializers.ValidationError(problem)
         return data
 
     def to_representation(self, value):
@@ -80,14 +76,6 @@ class SessionTarget:
     session_id: str
 
 
-@dataclass(slots=True)
-class RestoreRequest:
-    name: str
-    session_id: str
-    blob: bytes
-    tokens: list[int]
-
-
 def _session_target(data: dict[str, Any], headers: Any) -> SessionTarget:
     session_id = data.get("session_id")
     if session_id is None and headers is not None:
@@ -113,14 +101,7 @@ def parse_restore_request(raw: bytes, headers: Any) -> RestoreRequest:
     to the worker. Slow for a large body (parsing, decoding): run it on a thread."""
     data = validated(SessionRestoreSerializer, parse_json_object(raw))
     target = _session_target(data, headers)
-    text = data["blob"]
-    try:
-        blob = base64.b64decode(text.encode("ascii").translate(None, BASE64_WHITESPACE), validate=True)
-    except (UnicodeEncodeError, binascii.Error, ValueError):
-        raise BadSessionBlob("blob: not valid base64", reason="blob_not_base64") from None
-    if not blob:
-        raise BadSessionBlob("blob: empty", reason="blob_empty")
-    return RestoreRequest(target.name, target.session_id, blob, data["tokens"])
+    return RestoreRequest(target.name, target.session_id, decode_blob(data["blob"]), data["tokens"])
 
 
 def parse_raw_restore_request(raw: bytes, query: Any, headers: Any) -> RestoreRequest:

@@ -20,6 +20,7 @@ from inference.engine.contract.params import GenerationOptions, LoadOptions, Sam
 from inference.engine.demo_model import write_demo_model
 from inference.engine.errors import LoadError
 from inference.engine.hosted_model import HostedModel, RequestRefused
+from inference.engine.step_results import Ended, Streamed
 
 
 def generate(args: argparse.Namespace) -> dict:
@@ -42,14 +43,14 @@ def generate(args: argparse.Namespace) -> dict:
     first_token_at = None
     finish_reason = None
     while finish_reason is None:
-        for message in hosted.scheduler.step():
-            if isinstance(message, p.Tokens):
+        for result in hosted.scheduler.step():
+            if isinstance(result, Streamed):
                 first_token_at = first_token_at or time.perf_counter()
-                pieces.append(message.text)
+                pieces.append(result.text)
                 if not args.json:
-                    print(message.text, end="", flush=True)
-            elif isinstance(message, p.Finished):
-                finish_reason = message.finish_reason
+                    print(result.text, end="", flush=True)
+            elif isinstance(result, Ended):
+                finish_reason = result.finish_reason
     decode_s = time.perf_counter() - first_token_at
     decoded = len(seq.output_ids) - 1  # tokens produced by decode steps, after the prefill's first one
     if not args.json:

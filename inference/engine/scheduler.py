@@ -14,8 +14,8 @@ else the cached blocks its prompt begins with (kv_cache.py, sessions.py); only t
 `cached_tokens` reports what was reused. A finished session turn decodes once more, without sampling, so the KV of
 its last token is kept too (`finalizing`); its FINISHED goes out at once.
 
-The scheduler speaks the worker protocol's output messages (STARTED, TOKENS, FINISHED, ERROR), so the worker only
-has to send what a step returns.
+A step returns plain results (step_results.py: admitted, streamed, ended, expired), in order; the worker turns them
+into the protocol's messages.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.contract.messages import Error, Finished, Message, Started, TokenLogprob, Tokens, TopLogprob
-from inference.engine.contract.reasons import Reason
+from inference.engine.contract.messages import TokenLogprob, TopLogprob
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
+from inference.engine.step_results import Admitted, Ended, Expired, StepResult, Streamed
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
 
@@ -172,11 +172,11 @@ class Scheduler:
             seq.cached_tokens = 0 if scored else self.runner.reuse_prefix(seq.slot, seq.prompt_ids)
         seq.num_prefilled = seq.cached_tokens
 
-    def step(self) -> list[Message]:
-        """Runs one engine step; returns the messages it produced, in order, for the worker to send."""
+    def step(self) -> list[StepResult]:
+        """Runs one engine step; returns what it produced, in order, for the worker to send."""
         plan = self.schedule()
-        out: list[Message] = [
-            Started(
+        out: list[StepResult] = [
+            Admitted(
                 request_id=s.request_id,
                 prompt_tokens=len(s.prompt_ids),
                 cached_tokens=s.cached_tokens,
@@ -204,11 +204,7 @@ class Scheduler:
                 last = self._score_chunk(seq, chunk_out) if seq.prompt_logprobs is not None else chunk_out
                 seq.num_prefilled += len(chunk)
                 if seq.prefill_done and seq.prompt_logprobs is not None:
-                    out.append(
-                        Tokens(
-                            request_id=seq.request_id, token_ids=[], text="", prompt_logprobs=self._scored_prompt(seq)
-                        )
-                    )
+                    out.append(Streamed(seq.request_id, [], "", prompt_logprobs=self._scored_prompt(seq)))
                 if seq.prefill_done and seq.options.max_tokens == 0:  # only the prompt was asked for (its logprobs)
                     out.append(self._end_unsampled(seq))
                 elif seq.prefill_done:
@@ -260,7 +256,7 @@ class Scheduler:
             seq.prompt_entries.append(entry)
         return chunk_logits[-1]
 
-    def _end_unsampled(self, seq: Sequence) -> Finished:
+    def _end_unsampled(self, seq: Sequence) -> Ended:
         """A sequence that asked for no output tokens ends once its prompt is in."""
         seq.finish_reason = "length"
         self.running.remove(seq)
@@ -272,7 +268,7 @@ class Scheduler:
             rate = tokens / seconds
             self.prefill_tok_per_s = rate if not self.prefill_tok_per_s else 0.8 * self.prefill_tok_per_s + 0.2 * rate
 
-    def expire_waiting(self) -> list[Message]:
+    def expire_waiting(self) -> list[Expired]:
         """Refuses (queue_timeout) the waiting sequences that waited longer than `queue_timeout`; runs even while
         paused, so the worker calls it on its own schedule rather than in `step()`."""
         now = self.clock()
@@ -281,11 +277,11 @@ class Scheduler:
             self.waiting.remove(seq)
             self._release(seq)
         message = f"no decode slot became free within {self.queue_timeout:g} s"
-        return [Error(request_id=s.request_id, reason=Reason.QUEUE_TIMEOUT, message=message) for s in expired]
+        return [Expired(s.request_id, message) for s in expired]
 
-    def postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[Message]:
+    def postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[StepResult]:
         """Appends each row's sampled token; finished sequences leave the batch and free their slot now."""
-        out: list[Message] = []
+        out: list[StepResult] = []
         for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
             text = seq.append_token(token_id)
             if seq.think is not None:
@@ -300,7 +296,7 @@ class Scheduler:
                     None if token_id in seq.stop_token_ids else self._token_logprob(token_id, seq.token_text, logprobs)
                 )
                 lps = seq.spell(entry, text)
-            out.append(Tokens(request_id=seq.request_id, token_ids=[token_id], text=text, logprobs=lps))
+            out.append(Streamed(seq.request_id, [token_id], text, logprobs=lps))
             if seq.is_finished:
                 if seq.conversation is not None and seq.slot is not None:
                     seq.finalizing = True
@@ -310,8 +306,8 @@ class Scheduler:
                 out.append(self._finished(seq))
         return out
 
-    def _finished(self, seq: Sequence) -> Finished:
-        return Finished(
+    def _finished(self, seq: Sequence) -> Ended:
+        return Ended(
             request_id=seq.request_id,
             finish_reason=seq.finish_reason,
             prompt_tokens=len(seq.prompt_ids),

@@ -1,7 +1,8 @@
 """The serving side of `manage.py serve`: the worker supervisor, the router, and their mirror in the database.
 
 `start()` forgets the instances of a previous run (they died with it), starts one worker per device and installs
-the engine client and the router the routes use; `autoload()` loads the catalogue's autoload models;
+the engine client and the router the routes use; `autoload()` loads the catalogue's autoload models (through the
+`load_catalogued` its maker gives it: the services' load, which the runtime beneath them does not import);
 `stop()` ends the workers and records that nothing is served any more. Meanwhile a sync task keeps the Worker and
 ModelInstance rows in step with the supervisor (pid, state, restarts, heartbeats; instances reloading after a
 crash) and refreshes the catalogue names the router routes on. A worker crash is audited.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -23,9 +25,8 @@ from inference.models import CatalogModel, InstanceState, ModelInstance, Worker,
 from inference.runtime.client_protocol import install_client
 from inference.runtime.router import ModelRouter, install_router
 from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
-from inference.services.model_lifecycle import LoadRequest, do_load_model
-from pantheon_site.audit import AuditedCall, arecord_audit_event
-from pantheon_site.errors import ModelNotFound, PantheonError
+from pantheon_site.audit import arecord_audit_event
+from pantheon_site.errors import PantheonError
 from pantheon_site.models import Outcome
 
 logger = logging.getLogger("pantheon.serve")
@@ -49,8 +50,14 @@ class WorkerRecord:
     heartbeat: float  # wall time of the last heartbeat written
 
 
+# Loads a catalogued model into the router's engine as the system's own audited load; `trigger` says why
+# ("autoload", "on_demand"). The services' load_catalogued is the one `serve` gives.
+CatalogueLoad = Callable[[ModelRouter, str, str], Awaitable[object]]
+
+
 class ControlPlane:
-    def __init__(self) -> None:
+    def __init__(self, load_catalogued: CatalogueLoad) -> None:
+        self.load_catalogued = load_catalogued
         self.supervisor = WorkerSupervisor.from_settings(on_crash=self._on_crash)
         self.client = self.supervisor.client
         self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand)
@@ -100,24 +107,14 @@ class ControlPlane:
         names = await sync_to_async(list)(CatalogModel.objects.filter(autoload=True).values_list("name", flat=True))
         for name in names:
             try:
-                await self._load_from_catalog(name, trigger="autoload")
+                await self.load_catalogued(self.router, name, "autoload")
             except PantheonError as error:
                 logger.error("autoload of %s failed: %s", name, error.message)
                 await sync_to_async(_record_failed_instance)(name, error.message)
 
     async def load_on_demand(self, name: str) -> None:
         """The router's loader for a /v1 request naming a catalogued model that is not loaded."""
-        await self._load_from_catalog(name, trigger="on_demand")
-
-    async def _load_from_catalog(self, name: str, *, trigger: str) -> None:
-        """Loads a catalogued model as the system's own audited `model_load` (actor_label: the trigger)."""
-        async with AuditedCall("model_load", model=name, actor_kind="system", actor_label=trigger) as call:
-            try:
-                model = await CatalogModel.objects.aget(name=name)
-            except CatalogModel.DoesNotExist:
-                raise ModelNotFound(f"model {name!r} is not in the catalogue", reason="not_catalogued") from None
-            row = await do_load_model(self.router, LoadRequest.from_catalog(model), operator=False)
-            call.details = {"trigger": trigger, "device": row["device"], "instance_id": row.get("instance_id")}
+        await self.load_catalogued(self.router, name, "on_demand")
 
     # -- crashes and the database mirror --------------------------------------------------------------------------
 

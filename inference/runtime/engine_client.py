@@ -9,7 +9,7 @@ by the receive task; nothing here touches the database or Django.
 Tokenization and chat templating happen in the worker, which holds the tokenizer: `generate()` sends a SUBMIT the
 caller built and returns once the worker admitted the request (STARTED: prompt token count, window), or raises the
 refusal as an `EngineError` carrying the worker's reason (prompt_too_long, queue_full, ...), so a route can still
-choose its HTTP status (inference/api/refusals.py); then the `Generation` yields TOKENS (token ids, text piece,
+choose its HTTP status (inference/services/refusals.py); then the `Generation` yields TOKENS (token ids, text piece,
 logprobs) and ends with FINISHED (finish_reason, usage).
 
 A worker that dies ends every generation and call on it with `WorkerDied`, as soon as whoever runs the workers

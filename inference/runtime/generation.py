@@ -14,7 +14,7 @@ Event = p.Tokens | p.Finished
 
 class EngineError(Exception):
     """A generation or call the engine refused or could not finish, with the `Reason` and the data that goes with
-    it (kv_used/kv_cap for prompt_too_long). What a client sees for it is decided in inference/api/refusals.py."""
+    it (kv_used/kv_cap for prompt_too_long). What a client sees for it is decided in inference/services/refusals.py."""
 
     def __init__(self, message: str, reason: Reason, *, kv_used: int | None = None, kv_cap: int | None = None):
         super().__init__(message)

@@ -22,8 +22,6 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference.api.model_rows import admin_model_row
-from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import Checkpoint, CheckpointCorrupt, read_manifest
 from inference.engine.contract.params import LoadOptions, ServingLimits
@@ -33,7 +31,10 @@ from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import ModelRouter
 from inference.services.catalogue import catalogued_options, checkpoint_at, do_catalogue_model
-from pantheon_site.errors import LoadFailed, UnloadFailed, WeightsTorn
+from inference.services.model_rows import admin_model_row
+from inference.services.refusals import as_api_error
+from pantheon_site.audit import AuditedCall
+from pantheon_site.errors import LoadFailed, ModelNotFound, UnloadFailed, WeightsTorn
 from pantheon_site.models import AccessToken, Role
 
 logger = logging.getLogger("pantheon.models")
@@ -93,6 +94,19 @@ async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: 
     return await router.run_load(name, lambda: _load(router, request, info, name, options, operator))
 
 
+async def load_catalogued(router: ModelRouter, name: str, trigger: str) -> dict[str, Any]:
+    """Loads a catalogued model as the system's own audited `model_load` (actor_label: the trigger, "autoload" or
+    "on_demand"): the load the control plane starts itself, at start and for a /v1 request naming the model."""
+    async with AuditedCall("model_load", model=name, actor_kind="system", actor_label=trigger) as call:
+        try:
+            model = await CatalogModel.objects.aget(name=name)
+        except CatalogModel.DoesNotExist:
+            raise ModelNotFound(f"model {name!r} is not in the catalogue", reason="not_catalogued") from None
+        row = await do_load_model(router, LoadRequest.from_catalog(model), operator=False)
+        call.details = {"trigger": trigger, "device": row["device"], "instance_id": row.get("instance_id")}
+    return row
+
+
 async def _load(
     router: ModelRouter, request: LoadRequest, info: Checkpoint, name: str, options: LoadOptions, operator: bool
 ) -> dict[str, Any]:
@@ -113,7 +127,7 @@ async def _load(
             checkpoint=request.checkpoint,
         )
     except EngineError as exc:
-        raise _as_load_failure(exc) from exc
+        raise as_api_error(exc, failed=LoadFailed) from exc
     except TimeoutError:
         raise LoadFailed(
             f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s", reason="load_timeout"
@@ -230,12 +244,6 @@ async def _admit(router: ModelRouter, device: str, info: Checkpoint) -> None:
         )
 
 
-def _as_load_failure(exc: EngineError) -> LoadFailed:
-    """The load route's error for an engine refusal: its own when the reason is a load reason, else 500."""
-    error = as_api_error(exc)
-    return error if isinstance(error, LoadFailed) else LoadFailed(exc.message, reason=exc.reason.value)
-
-
 def _record_load(
     name: str,
     info: Checkpoint,
@@ -298,10 +306,7 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
         reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
     except EngineError as exc:
         await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.READY)
-        error = as_api_error(exc)
-        if not isinstance(error, UnloadFailed):
-            error = UnloadFailed(exc.message, reason=exc.reason.value)
-        raise error from exc
+        raise as_api_error(exc, failed=UnloadFailed) from exc
     await sync_to_async(_record_unload)(name, placement.instance_id)
     result: dict[str, Any] = {"unloaded": name}
     if placement.instance_id is not None:

@@ -3,28 +3,26 @@
 
 A session lives in the worker that serves its model (the KV it pins between turns); the control plane keeps no
 session state of its own, so every action here is one call to that worker (inference/runtime/engine_client.py),
-and the worker's refusals become the spec's errors through inference/api/refusals.py. `do_release_session` is the
+and the worker's refusals become the spec's errors through inference/services/refusals.py. `do_release_session` is the
 one write path behind POST /session/release and `manage.py release_session`, and writes their audit event.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import time
 from typing import Any
 
 from django.conf import settings
 
-from inference.api.refusals import as_api_error
-from inference.api.session_file import session_file
-from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.runtime.client_protocol import EngineClient
 from inference.runtime.generation import EngineError
 from inference.runtime.router import SERVING_STATES, ModelRouter
+from inference.services.refusals import as_api_error
+from inference.services.session_export import export_body
+from inference.services.session_file import session_file
 from pantheon_site.audit import AuditedCall
 from pantheon_site.errors import BadSessionBlob, ModelNotFound, ServerShuttingDown, WatchUnavailable
 
@@ -59,7 +57,7 @@ def session_model(router: ModelRouter, name: str) -> str:
 
 async def export_session(router: ModelRouter, name: str, session_id: str, *, raw: bool = False) -> tuple[str, bytes]:
     """The session's most recently used conversation as export's JSON body, or with `raw` as a session file
-    (inference/api/session_file.py), already encoded: the blob of a long conversation is tens of MB or more, so it
+    (inference/services/session_file.py), already encoded: the blob of a long conversation is tens of MB or more, so it
     is encoded on a thread; returns (model, body)."""
     model = session_model(router, name)
     try:
@@ -68,19 +66,7 @@ async def export_session(router: ModelRouter, name: str, session_id: str, *, raw
         raise as_api_error(exc) from exc
     if raw:
         return model, await asyncio.to_thread(session_file, reply.tokens, reply.blob)
-    return model, await asyncio.to_thread(_export_body, reply)
-
-
-def _export_body(reply: p.SessionBlob) -> bytes:
-    body = {
-        "session_id": reply.session_id,
-        "weights_version": reply.weights_version,
-        "n_tok": len(reply.tokens),
-        "blob_bytes": len(reply.blob),
-        "blob_b64": base64.b64encode(reply.blob).decode("ascii"),
-        "tokens": reply.tokens,
-    }
-    return json.dumps(body, separators=(",", ":")).encode()
+    return model, await asyncio.to_thread(export_body, reply)
 
 
 async def restore_session(router: ModelRouter, name: str, session_id: str, blob: bytes, tokens: list[int]) -> dict:

@@ -16,6 +16,7 @@ from inference.engine.model.transformer import PackedLinear, Transformer
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.step_results import Streamed
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 
 PROMPTS = [
@@ -90,12 +91,12 @@ def test_a_burst_of_short_prompts_gets_its_first_tokens_in_one_step_and_the_same
         messages = list(first_step)
         while scheduler.has_work:
             messages += scheduler.step()
-        tokens = [[t for m in messages if isinstance(m, p.Tokens) and m.request_id == f"r{i}" for t in m.token_ids]
+        tokens = [[t for m in messages if isinstance(m, Streamed) and m.request_id == f"r{i}" for t in m.token_ids]
                   for i in range(len(prompts))]  # fmt: skip
         return tokens, first_step
 
     together, first_step = greedy(Scheduler(model.runner, model.tokenizer, max_concurrent=4, prefill_chunk=128))
-    assert {m.request_id for m in first_step if isinstance(m, p.Tokens)} == {"r0", "r1", "r2", "r3"}
+    assert {m.request_id for m in first_step if isinstance(m, Streamed)} == {"r0", "r1", "r2", "r3"}
     # a budget of 4 tokens per step prefills them one after another: the same tokens, batch or not
     one_by_one, _ = greedy(Scheduler(model.runner, model.tokenizer, max_concurrent=4, prefill_chunk=4))
     assert together == one_by_one

@@ -13,6 +13,7 @@ from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import LENGTH, REPETITION_LOOP, STOP, Sequence
+from inference.engine.step_results import Ended, Streamed
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
 from tests.engine.test_sequence import feed
@@ -177,8 +178,8 @@ def run(scheduler, max_steps=2_000):
 
 def outcome(messages, request_id):
     """What the client sees: the tokens and how the generation ended."""
-    tokens = [t for m in messages if isinstance(m, p.Tokens) and m.request_id == request_id for t in m.token_ids]
-    done = next(m for m in messages if isinstance(m, p.Finished) and m.request_id == request_id)
+    tokens = [t for m in messages if isinstance(m, Streamed) and m.request_id == request_id for t in m.token_ids]
+    done = next(m for m in messages if isinstance(m, Ended) and m.request_id == request_id)
     assert done.completion_tokens == len(tokens)
     return tokens, done.finish_reason
 

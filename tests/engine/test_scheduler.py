@@ -4,13 +4,14 @@ pausing behave as a client would notice."""
 
 import pytest
 
-from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, SamplingParams
 from inference.engine.contract.reasons import Reason
 from inference.engine.loaders.loading import load_model
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.step_results import Admitted, Ended, Streamed
+from inference.engine.step_wire import wire_messages
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from tests.greedy import greedy
 
@@ -44,15 +45,15 @@ def run(scheduler, max_steps=10_000):
 
 
 def tokens_of(messages, request_id):
-    return [t for m in messages if isinstance(m, p.Tokens) and m.request_id == request_id for t in m.token_ids]
+    return [t for m in messages if isinstance(m, Streamed) and m.request_id == request_id for t in m.token_ids]
 
 
 def text_of(messages, request_id):
-    return "".join(m.text for m in messages if isinstance(m, p.Tokens) and m.request_id == request_id)
+    return "".join(m.text for m in messages if isinstance(m, Streamed) and m.request_id == request_id)
 
 
 def finished(messages, request_id):
-    return next(m for m in messages if isinstance(m, p.Finished) and m.request_id == request_id)
+    return next(m for m in messages if isinstance(m, Ended) and m.request_id == request_id)
 
 
 def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
@@ -61,7 +62,7 @@ def test_greedy_output_equals_plain_runner_decoding_with_chunked_prefill(model):
     scheduler = Scheduler(model.runner, model.tokenizer, prefill_chunk=4)  # the prompt takes several chunks
     scheduler.add(sequence(model, "a", prompt))
     messages = run(scheduler)
-    assert isinstance(messages[0], p.Started) and messages[0].prompt_tokens == len(prompt)
+    assert isinstance(messages[0], Admitted) and messages[0].prompt_tokens == len(prompt)
     assert tokens_of(messages, "a") == expected
     assert text_of(messages, "a") == model.tokenizer.decode(expected)
     done = finished(messages, "a")
@@ -100,7 +101,7 @@ def test_an_arrival_is_prefilled_in_the_same_forward_pass_as_the_running_decode(
     finally:
         hook.remove()
     assert len(passes) == 1  # the arrival's prompt and the running row read the weights once between them
-    assert {m.request_id for m in arrival_step if isinstance(m, p.Tokens)} == {"running", "arrival"}
+    assert {m.request_id for m in arrival_step if isinstance(m, Streamed)} == {"running", "arrival"}
     messages += arrival_step + run(scheduler)
     assert [tokens_of(messages, "running"), tokens_of(messages, "arrival")] == expected
 
@@ -154,10 +155,11 @@ def test_queue_runs_in_order_and_refuses_after_the_queue_timeout(model):
         scheduler.add(sequence(model, name, prompt, max_tokens=5))
     assert scheduler.is_full()
     first = scheduler.step()
-    assert [m.request_id for m in first if isinstance(m, p.Started)] == ["a"]
+    assert [m.request_id for m in first if isinstance(m, Admitted)] == ["a"]
     now[0] = 31.0
     expired = scheduler.expire_waiting()
-    assert [(e.request_id, e.reason) for e in expired] == [("b", Reason.QUEUE_TIMEOUT), ("c", Reason.QUEUE_TIMEOUT)]
+    refusals = [(m.request_id, m.reason) for m in wire_messages(expired)]  # what the worker sends
+    assert refusals == [("b", Reason.QUEUE_TIMEOUT), ("c", Reason.QUEUE_TIMEOUT)]
     assert finished(run(scheduler), "a").completion_tokens == 5
 
 
@@ -195,7 +197,7 @@ def test_a_scored_prompt_gets_the_teacher_forced_logprob_of_every_token_across_c
     messages = run(scheduler)
     done = finished(messages, "scored")
     assert done.completion_tokens == 0 and done.finish_reason == "length" and tokens_of(messages, "scored") == []
-    (scored,) = [m for m in messages if isinstance(m, p.Tokens) and m.prompt_logprobs is not None]
+    (scored,) = [m for m in messages if isinstance(m, Streamed) and m.prompt_logprobs is not None]
     entries = scored.prompt_logprobs
     assert [e.token_id for e in entries] == prompt and entries[0].logprob is None
     for position, entry in enumerate(entries[1:], start=1):

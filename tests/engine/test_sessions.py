@@ -13,6 +13,7 @@ from inference.engine.kv.session_calls import answer
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.loaders.loading import load_model
 from inference.engine.scheduler import Scheduler
+from inference.engine.step_results import Ended
 from tests.engine.test_scheduler import finished, run, sequence, tokens_of
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
@@ -207,7 +208,7 @@ def test_a_session_call_right_after_a_turns_finished_sees_the_turn_ended(model, 
     seq = sequence(model, "a", PROMPT, max_tokens=3)
     seq.session = scheduler.sessions.claim("s")
     scheduler.add(seq)
-    while not any(isinstance(m, p.Finished) for m in scheduler.step()):
+    while not any(isinstance(m, Ended) for m in scheduler.step()):
         pass
     exported = hosted.answer_session_call(p.SessionExport(request_id="e", model="m", session_id="s"))
     assert isinstance(exported, p.SessionBlob), exported

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import uuid
 
-from inference.api.refusals import as_api_error
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, LoadOptions, SamplingParams, ServingLimits
 from inference.runtime.client_protocol import EngineClient
 from inference.runtime.generation import EngineError, Generation
+from inference.services.refusals import as_api_error
 
 LIMIT_FIELDS = set(ServingLimits.__struct_fields__)
 OPTION_FIELDS = set(GenerationOptions.__struct_fields__)

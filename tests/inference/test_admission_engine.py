@@ -8,7 +8,6 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from inference.api.refusals import as_api_error
 from inference.engine import worker as worker_module
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, ServingLimits
@@ -26,6 +25,7 @@ from inference.engine.kv.kv_budget import (
 from inference.engine.loaders.loading import load_model
 from inference.runtime.generation import EngineError
 from inference.runtime.in_process_client import InProcessEngineClient
+from inference.services.refusals import as_api_error
 from tests.inference.engine_calls import generate, load, seen_as, submit
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")

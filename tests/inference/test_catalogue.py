@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.core.management import call_command
 from django.db import close_old_connections
 
-from inference.api.serializers import LoadModelSerializer, parse_body
+from inference.api.serializers import parse_body
 from inference.engine.contract.checkpoint import NotACheckpoint, inspect_checkpoint
 from inference.engine.contract.params import LoadOptions
 from inference.management.commands import load_model as load_model_command
@@ -19,6 +19,7 @@ from inference.models import CatalogModel
 from inference.runtime.in_process_client import InProcessEngineClient
 from inference.runtime.router import ModelRouter
 from inference.services.catalogue import checkpoint_at
+from inference.services.load_body import LoadModelSerializer
 from inference.services.model_lifecycle import LoadRequest, do_load_model
 from pantheon_site.errors import LoadFailed
 

@@ -8,6 +8,7 @@ from django.test import override_settings
 
 from inference.runtime import supervisor as supervisor_module
 from inference.runtime.control_plane import ControlPlane
+from inference.services.model_lifecycle import load_catalogued
 from pantheon_site.errors import ModelNotFound
 from pantheon_site.models import AuditEvent
 
@@ -24,7 +25,7 @@ WORKER_SETTINGS = {
 @pytest.fixture
 async def plane():
     with override_settings(**WORKER_SETTINGS):
-        plane = ControlPlane()
+        plane = ControlPlane(load_catalogued)
     yield plane
     await plane.client.close()
 

@@ -3,10 +3,10 @@
 
 import pytest
 
-from inference.api.model_rows import admin_model_row
 from inference.engine.contract import messages as p
 from inference.management.load_progress_bar import progress_line
 from inference.runtime.in_process_client import InProcessEngineClient
+from inference.services.model_rows import admin_model_row
 from tests.inference.engine_calls import load
 
 

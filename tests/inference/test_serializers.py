@@ -7,8 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inference.api.chat_requests import parse_chat_request
-from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
+from inference.api.serializers import UnloadModelSerializer, parse_body
 from inference.engine.contract.params import SamplingParams
+from inference.services.load_body import LoadModelSerializer
 from pantheon_site.errors import InvalidRequest
 
 HELLO = [{"role": "user", "content": "hello"}]

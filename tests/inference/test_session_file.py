@@ -6,7 +6,7 @@ is refused 413, its session file is restored and continues warm."""
 import httpx
 import pytest
 
-from inference.api.session_file import session_file
+from inference.services.session_file import session_file
 from tests.inference.serving import operator_client
 from tests.inference.session_turns import USER_TURNS, assistant_message, chat, converse, error_of, load
 

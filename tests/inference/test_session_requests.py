@@ -11,7 +11,6 @@ from django.test import override_settings
 
 from inference.api.chat_requests import parse_chat_request
 from inference.api.completion_bodies import usage_body
-from inference.api.refusals import as_api_error
 from inference.api.session_requests import (
     parse_estimate_query,
     parse_restore_request,
@@ -25,6 +24,7 @@ from inference.runtime.engine_client import ZmqEngineClient
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import ModelRouter
 from inference.services.model_lifecycle import serving_limits
+from inference.services.refusals import as_api_error
 from inference.services.sessions import estimate, session_model
 from pantheon_site.errors import BadSessionBlob, InvalidRequest, ModelNotFound
 

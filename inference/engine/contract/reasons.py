@@ -1,7 +1,7 @@
 """Why the engine refused or ended a request: the codes an ERROR message carries.
 
 The engine states what happened; it never picks an HTTP status, an API error type or a Retry-After. The control
-plane maps each reason in one table (inference/api/refusals.py; docs/architecture.md lists it). The last few
+plane maps each reason in one table (inference/services/refusals.py; docs/architecture.md lists it). The last few
 reasons are the control plane's own (its engine client decides them), so that one table covers every refusal.
 """
 

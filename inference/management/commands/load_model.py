@@ -7,7 +7,7 @@ event of its own. Without a server the command
 records the catalogue change (the same upsert the load route makes) and audits it.
 
 The option flags (--ctx-cap, ..., --dtype) are LoadOptions' fields, read from the struct with their descriptions;
-the body they make is validated by the load route's own serializer.
+the body they make is validated by the load route's own validator (inference/services/load_body.py).
 """
 
 import sys
@@ -15,12 +15,12 @@ import sys
 import msgspec
 from django.conf import settings
 
-from inference.api.serializers import LoadModelSerializer, validated
 from inference.engine.contract.params import LoadOptions
 from inference.management.load_progress_bar import LoadProgressBar
 from inference.management.server_client import call_admin, running_server
 from inference.models import CatalogModel
 from inference.services.catalogue import catalogued_options, checkpoint_at, do_catalogue_model
+from inference.services.load_body import validate_load_body
 from inference.services.model_lifecycle import LoadRequest
 from pantheon_site.errors import LoadFailed
 from pantheon_site.management.base import CommandResult, PantheonCommand, os_user
@@ -28,7 +28,7 @@ from pantheon_site.management.base import CommandResult, PantheonCommand, os_use
 
 def add_load_option_arguments(parser) -> None:
     """One flag per LoadOptions field: --ctx-cap N for a count, --quantize for a flag, --dtype NAME for a choice.
-    A flag left out is left out of the body, so the serializer gives it the struct's default."""
+    A flag left out is left out of the body, so the load gives it the catalogue's or the struct's default."""
     for option in msgspec.inspect.type_info(LoadOptions).fields:
         kind, help_text = option.type.type, option.type.extra_json_schema["description"]
         flag = "--" + option.name.replace("_", "-")
@@ -61,7 +61,7 @@ class Command(PantheonCommand):
 
     def perform(self, *, path: str, name: str | None, device: str | None, replace: bool, **options) -> CommandResult:
         given = {"name": name, "device": device, **{k: options[k] for k in LoadOptions.__struct_fields__}}
-        body = dict(validated(LoadModelSerializer, {"path": path, **{k: v for k, v in given.items() if v is not None}}))
+        body = validate_load_body({"path": path, **{k: v for k, v in given.items() if v is not None}})
         server = running_server()
         if server is not None:
             self.audit.audited_elsewhere = True  # the server audits the call it answers

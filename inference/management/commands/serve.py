@@ -47,24 +47,17 @@ class Command(PantheonCommand):
         from twisted.internet import defer, reactor
 
         from inference.runtime.control_plane import ControlPlane
+        from inference.services.model_lifecycle import load_catalogued
         from pantheon_site.asgi import application
 
         loop = reactor._asyncioEventloop
         asyncio.set_event_loop(loop)
         build_id()  # computed once now rather than by the first request
-        plane = ControlPlane()
+        plane = ControlPlane(load_catalogued)
         self.stdout.write("Starting the workers...")
         loop.run_until_complete(plane.start())
-        devices = ", ".join(sorted(plane.client.workers()))
         secret = new_admin_secret()
         install_local_secret(secret)
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
-
-        def ready() -> None:
-            write_run_file(RunInfo(os.getpid(), url, secret))
-            self.stdout.write(f"Pantheon is serving on http://{host}:{port} (workers: {devices}). Ctrl-C stops it.")
-            self.stdout.flush()
-            plane.start_autoload()
 
         def stop_workers():
             return defer.Deferred.fromFuture(asyncio.ensure_future(plane.stop(), loop=loop))
@@ -73,22 +66,12 @@ class Command(PantheonCommand):
             application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=False,  # ours below: drain first
-            ready_callable=ready,
+            ready_callable=lambda: self._ready(plane, host, port, secret),
             verbosity=0,
         )
         reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
-
-        def shut_down() -> None:
-            if plane.router.shutting_down:  # a second signal: stop now
-                server.stop()
-                return
-            self.stdout.write("Shutting down: finishing the generations in flight...")
-            self.stdout.flush()
-            drain = loop.create_task(plane.drain(settings.PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S), name="drain")
-            drain.add_done_callback(lambda _: server.stop())
-
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, shut_down)
+            loop.add_signal_handler(signum, lambda: self._shut_down(loop, plane, server))
         # Everything built so far (Django, DRF, the apps, the control plane) lives as long as the server. Frozen, the
         # cyclic collector stops walking it: a full collection of the whole heap paused this process's one event
         # loop for 54-99 ms, stalling every stream and every new request's first token (docs/performance.md).
@@ -103,3 +86,22 @@ class Command(PantheonCommand):
             loop.run_until_complete(plane.stop())
             raise CommandError(f"could not listen on {host}:{port} (is another server using the port?)")
         return CommandResult(lines=["Pantheon stopped."])
+
+    def _ready(self, plane, host: str, port: int, secret: str) -> None:
+        """Daphne listens: the run file tells `manage.py` commands where, then the catalogue's models load."""
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+        write_run_file(RunInfo(os.getpid(), url, secret))
+        devices = ", ".join(sorted(plane.client.workers()))
+        self.stdout.write(f"Pantheon is serving on http://{host}:{port} (workers: {devices}). Ctrl-C stops it.")
+        self.stdout.flush()
+        plane.start_autoload()
+
+    def _shut_down(self, loop: asyncio.AbstractEventLoop, plane, server) -> None:
+        """The first signal drains the generations in flight, then stops daphne; a second one stops it now."""
+        if plane.router.shutting_down:
+            server.stop()
+            return
+        self.stdout.write("Shutting down: finishing the generations in flight...")
+        self.stdout.flush()
+        drain = loop.create_task(plane.drain(settings.PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S), name="drain")
+        drain.add_done_callback(lambda _: server.stop())

@@ -2,8 +2,9 @@
 
 The worker states why it refused or ended a request (`Reason`, inference/engine/contract/reasons.py); the engine
 client raises that as an `EngineError`. Routes and services call `as_api_error` and raise what it returns, which the
-error middleware renders in the route's envelope. Retry-After values come from settings (PANTHEON_RETRY_AFTER_*),
-never from the worker.
+error middleware renders in the route's envelope (pantheon_site/errors.py fixes each error's status there). The
+table lives with the services, below the HTTP edge, because their audited calls record the refusal they end with.
+Retry-After values come from settings (PANTHEON_RETRY_AFTER_*), never from the worker.
 """
 
 from __future__ import annotations
@@ -81,9 +82,13 @@ REFUSALS: dict[Reason, Refusal] = {
 }
 
 
-def as_api_error(exc: EngineError) -> PantheonError:
-    """The PantheonError a route or service answers `exc` with; its audit reason is the engine's reason code."""
+def as_api_error(exc: EngineError, *, failed: type[LoadFailed | UnloadFailed] | None = None) -> PantheonError:
+    """The PantheonError a route or service answers `exc` with; its audit reason is the engine's reason code.
+    `failed`: the operation's own error (a load's, an unload's), which a reason mapped to any other error becomes,
+    with status 500."""
     refusal = REFUSALS[exc.reason]
+    if failed is not None and refusal.error is not failed:
+        return failed(exc.message, reason=exc.reason.value)
     if refusal.error is ContextOverBudget:
         return ContextOverBudget(exc.kv_used or 0, exc.kv_cap or 0, exc.message, reason=exc.reason.value)
     extra: dict = {}
