@@ -37,7 +37,8 @@ from inference.engine.kv.kv_budget import (
 from inference.engine.kv.session_blob import SessionSnapshot
 from inference.engine.kv.session_calls import SessionCall, answer
 from inference.engine.kv.sessions import SessionTable
-from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, load_model
+from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.loaders.loading import automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler

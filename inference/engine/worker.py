@@ -31,7 +31,8 @@ from inference.engine.errors import LoadError
 from inference.engine.execution.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
 from inference.engine.kv.session_calls import read_restore
-from inference.engine.loaders.loading import LoadedModel, return_freed_memory
+from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.loaders.loading import return_freed_memory
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.weights.barrier import WeightsBarrier
 from inference.engine.weights.served_weights import ServedWeights

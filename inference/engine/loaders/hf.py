@@ -18,7 +18,7 @@ from safetensors import safe_open
 from inference.engine.errors import LoadError
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import expected_hf_shapes
+from inference.engine.model.layout import expected_hf_shapes
 
 # Bytes per element of safetensors' dtype names (for the totals a load's progress is counted against).
 _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,11 +16,12 @@ from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.checkpoint import checkpoint_format as contract_checkpoint_format
 from inference.engine.errors import LoadError
 from inference.engine.execution.runner import DEFAULT_BLOCK_SIZE, ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.progress import ReadProgress
-from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import FloatLinear, PackedLinear, Transformer, TransposedLinear
+from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import Int4Linear
 from inference.engine.quant.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -32,24 +32,6 @@ from inference.engine.weights.parameter_views import ParameterViews
 # A config's max_position_embeddings can be 128k; a KV cache that long for every slot would not fit in memory.
 DEFAULT_MAX_CONTEXT = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class LoadedModel:
-    path: Path
-    format: str  # "hf" | "gguf"
-    config: ModelConfig
-    tokenizer: Tokenizer
-    runner: ModelRunner
-    eos_token_ids: list[int]  # config + generation_config + tokenizer EOS, deduplicated, in that order
-    dtype: torch.dtype
-    device: torch.device
-    quantized: bool  # int8 linear layers
-    parameters: ParameterViews | None  # the Hugging Face tensors a trainer attaches to; None unless attachable
-    weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
-    weights_version: int  # identifies these weights as loaded (see weights_version)
-    linear_formats: dict[str, int]  # the linear layers' in-memory formats (see linear_formats)
-    torch_matmuls: bool  # a large weight's matmul runs on torch's threads (see torch_matmuls)
 
 
 def load_model(
@@ -70,7 +52,7 @@ def load_model(
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
     `max_concurrent` full windows and `cache_tokens` positions more for the prefix cache (see ModelRunner), in blocks
     of `block_size`, in `kv_dtype` (default: the weights' dtype).
-    `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
+    `attachable` lays the weights out for a trainer to attach to (loaders/build.py) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (quant/stored_quant.py);
     dtype float32 expands them."""
@@ -95,7 +77,7 @@ def load_model(
     context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
     if context > config.context_limit:
         raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
-    model = Transformer.from_hf_weights(
+    model = build_model(
         config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable,
         keep=keep,
     )  # fmt: skip
