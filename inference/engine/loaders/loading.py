@@ -1,7 +1,8 @@
 """`load_model`: a path on disk to a ready `ModelRunner` with its tokenizer and stop tokens.
 
 A directory is a Hugging Face checkpoint; a `.gguf` file is a GGUF checkpoint. Both loaders hand over the same thing
-(a `ModelConfig` and float32 weights in Hugging Face naming), so everything after reading is one path.
+(a `ModelConfig` and weights in Hugging Face naming: a directory's in the load's dtype, a GGUF file's in float32), so
+everything after reading is one path.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def load_model(
     kv_dtype = None if kv_dtype is None else _resolve_dtype(kv_dtype, device)
     fmt = checkpoint_format(path)
     if fmt == "hf":
-        checkpoint = read_hf_dir(path, progress)
+        checkpoint = read_hf_dir(path, progress, dtype)
         config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
         tokenizer = Tokenizer.from_hf_dir(path)
         keep = None
