@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.progress import ReadProgress
+from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import Int4Linear
@@ -63,44 +66,27 @@ def load_model(
     dtype = _resolve_dtype(dtype, device)
     kv_dtype = None if kv_dtype is None else _resolve_dtype(kv_dtype, device)
     fmt = checkpoint_format(path)
-    if fmt == "hf":
-        checkpoint = read_hf_dir(path, progress, dtype)
-        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
-        tokenizer = Tokenizer.from_hf_dir(path)
-        keep = None
-    else:
-        checkpoint = read_gguf(path, progress)
-        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
-        tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
-        stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
-        keep = KeepQuantized(stored, checkpoint.file_bytes) if automatic_dtype and stored else None
-
-    context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
-    if context > config.context_limit:
-        raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
+    read = _read(path, fmt, dtype, keep_quantized=automatic_dtype, progress=progress)
+    config, tokenizer = read.config, read.tokenizer
+    context = _context_window(path, config, context_window)
     model = build_model(
-        config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable,
-        keep=keep,
+        config, read.tensors, context_window=context, device=device, dtype=dtype, quantize=quantize,
+        attachable=attachable, keep=read.keep,
     )  # fmt: skip
-    del tensors, checkpoint, keep  # the file's bytes that Q4_K layers were made from go too
+    eos = read.eos_token_ids()
+    del read  # the file's bytes that Q4_K layers were made from go too
     return_freed_memory()
-    eos = [*config.eos_token_ids, *extra_eos]
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
+    runner = ModelRunner(
+        model, max_concurrent=max_concurrent, context_window=context, block_size=block_size, cache_tokens=cache_tokens,
+        kv_dtype=kv_dtype,
+    )  # fmt: skip
     return LoadedModel(
         path=path,
         format=fmt,
         config=config,
         tokenizer=tokenizer,
-        runner=ModelRunner(
-            model,
-            max_concurrent=max_concurrent,
-            context_window=context,
-            block_size=block_size,
-            cache_tokens=cache_tokens,
-            kv_dtype=kv_dtype,
-        ),
-        eos_token_ids=list(dict.fromkeys(eos)),
+        runner=runner,
+        eos_token_ids=eos,
         dtype=dtype,
         device=device,
         quantized=quantize,
@@ -110,6 +96,43 @@ def load_model(
         linear_formats=linear_formats(model),
         torch_matmuls=torch_matmuls(model),
     )
+
+
+@dataclass(slots=True)
+class _Read:
+    config: ModelConfig
+    tensors: Mapping[str, torch.Tensor]  # Hugging Face names
+    generation_eos_ids: list[int]
+    tokenizer: Tokenizer
+    keep: KeepQuantized | None
+
+    def eos_token_ids(self) -> list[int]:
+        """config + generation_config + tokenizer EOS, deduplicated, in that order."""
+        eos = [*self.config.eos_token_ids, *self.generation_eos_ids]
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        return list(dict.fromkeys(eos))
+
+
+def _context_window(path: Path, config: ModelConfig, requested: int | None) -> int:
+    context = requested or min(config.context_limit, DEFAULT_MAX_CONTEXT)
+    if context > config.context_limit:
+        raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
+    return context
+
+
+def _read(path: Path, fmt: str, dtype: torch.dtype, *, keep_quantized: bool, progress: ReadProgress | None) -> _Read:
+    """A checkpoint's config, tensors and tokenizer; with `keep_quantized`, a GGUF file's quantized tensors are
+    named to stay so (on CPU: build_model decides)."""
+    if fmt == "hf":
+        checkpoint = read_hf_dir(path, progress, dtype)
+        tokenizer = Tokenizer.from_hf_dir(path)
+        return _Read(checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids, tokenizer, None)
+    checkpoint = read_gguf(path, progress)
+    tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
+    stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
+    keep = KeepQuantized(stored, checkpoint.file_bytes) if keep_quantized and stored else None
+    return _Read(checkpoint.config, checkpoint.tensors, [], tokenizer, keep)
 
 
 def weights_version(path: Path, dtype: torch.dtype, quantize: bool) -> int:
