@@ -20,8 +20,7 @@ from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
 from inference.engine.model.layout import linear_sources
 from inference.engine.model.transformer import Transformer
-from inference.engine.quant.block_quant import (
-    BlockParts,
+from inference.engine.quant.block_codecs import (
     decode_q4_1,
     decode_q4_k,
     decode_q5_0,
@@ -30,6 +29,7 @@ from inference.engine.quant.block_quant import (
     decode_q6_k,
     decode_q8_0,
 )
+from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import GROUP_SIZE, group_quantize
 from inference.engine.quant.stored_embedding import StoredEmbedding
 from inference.engine.quant.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized

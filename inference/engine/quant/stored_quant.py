@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from inference.engine.quant import block_quant
+from inference.engine.quant.block_codecs import fits_blocks
 from inference.engine.quant.block_quant import (
     BlockLinear,
     BlockParts,
@@ -43,7 +44,6 @@ from inference.engine.quant.block_quant import (
     Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
-    fits_blocks,
 )
 from inference.engine.quant.gguf_dequant import QUANTIZED_TYPES
 from inference.engine.quant.int4 import Int4Linear, fits_int4
