@@ -18,7 +18,7 @@ from inference.engine.loaders.build import build_model
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
-from inference.engine.model.layout import linear_sources
+from inference.engine.model.layout import EMBEDDING, linear_sources
 from inference.engine.model.transformer import Transformer
 from inference.engine.quant.block_codecs import (
     decode_q4_1,
@@ -32,7 +32,7 @@ from inference.engine.quant.block_codecs import (
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import GROUP_SIZE, group_quantize
 from inference.engine.quant.stored_embedding import StoredEmbedding
-from inference.engine.quant.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
+from inference.engine.quant.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 

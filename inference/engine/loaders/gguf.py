@@ -30,9 +30,9 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.layout import LAYER, TOP, model_tensors
+from inference.engine.model.layout import EMBEDDING, LAYER, TOP, model_tensors
 from inference.engine.quant.gguf_dequant import SUPPORTED_TYPES, dequantize
-from inference.engine.quant.stored_quant import EMBEDDING, FILE_BYTES_TYPES, QUANTIZED_TYPES
+from inference.engine.quant.stored_quant import FILE_BYTES_TYPES, QUANTIZED_TYPES
 
 # GGUF names to Hugging Face names, at the top and within a layer (blk.N. / model.layers.N.), from the model's layout.
 _TOP_LEVEL_NAMES = {part.gguf: part.hf for tensor in TOP for part in tensor.parts}

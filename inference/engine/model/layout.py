@@ -46,13 +46,15 @@ def _proj(p: str, rows: str, kind: str = "weight", rope: str | None = None) -> P
     )
 
 
-_EMBED = PartSpec("model.embed_tokens.weight", "token_embd.weight", ("vocab", "d"))
+# The Hugging Face names of the token embedding and the output head (tied: the embedding stands for both).
+EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+_EMBED = PartSpec(EMBEDDING, "token_embd.weight", ("vocab", "d"))
 TOP = (
     TensorSpec("embed.weight", (_EMBED,)),
     TensorSpec("norm.weight", (PartSpec("model.norm.weight", "output_norm.weight", ("d",)),)),
     TensorSpec(
         "lm_head.weight",
-        (PartSpec("lm_head.weight", "output.weight", ("vocab", "d")),),
+        (PartSpec(LM_HEAD, "output.weight", ("vocab", "d")),),
         linear=True,
         when=lambda c: not c.tie_word_embeddings,
     ),

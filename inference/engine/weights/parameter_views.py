@@ -13,11 +13,9 @@ import torch
 from torch import nn
 
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.layout import ModelTensor, expected_hf_shapes, model_tensors
+from inference.engine.model.layout import EMBEDDING, LM_HEAD, ModelTensor, expected_hf_shapes, model_tensors
 from inference.engine.model.transformer import Transformer
 from inference.engine.weights.shared_storage import SharedArena
-
-EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 class ParameterMismatch(ValueError):
@@ -87,9 +85,9 @@ class ParameterViews:
         given = dict(tensors)
         if LM_HEAD in given and LM_HEAD not in self.views:
             head = given.pop(LM_HEAD)
-            embed = given.get(EMBED, self.views[EMBED])
+            embed = given.get(EMBEDDING, self.views[EMBEDDING])
             if head.shape != embed.shape or not torch.equal(head.to(embed.device, embed.dtype), embed):
-                raise ParameterMismatch(f"{LM_HEAD} differs from {EMBED}, but this model ties them")
+                raise ParameterMismatch(f"{LM_HEAD} differs from {EMBEDDING}, but this model ties them")
         for name, tensor in given.items():
             view = self.views.get(name)
             if view is None:
