@@ -41,9 +41,9 @@ class TensorSpec:
 
 
 def _proj(p: str, rows: str, kind: str = "weight", rope: str | None = None) -> PartSpec:
-    return PartSpec(
-        f"self_attn.{p}_proj.{kind}", f"attn_{p}.{kind}", (rows, "d") if kind == "weight" else (rows,), None, rope
-    )
+    """q_proj's, k_proj's or v_proj's weight [rows, d] or bias [rows]."""
+    shape = (rows, "d") if kind == "weight" else (rows,)
+    return PartSpec(f"self_attn.{p}_proj.{kind}", f"attn_{p}.{kind}", shape, rope_heads=rope)
 
 
 # The Hugging Face names of the token embedding and the output head (tied: the embedding stands for both).
@@ -66,7 +66,9 @@ LAYER = (
         (_proj("q", "q", rope="heads"), _proj("k", "kv", rope="kv_heads"), _proj("v", "kv")),
         linear=True,
     ),
-    TensorSpec("attention.wo.weight", (PartSpec("self_attn.o_proj.weight", "attn_output.weight", ("d", "q")),), True),
+    TensorSpec(
+        "attention.wo.weight", (PartSpec("self_attn.o_proj.weight", "attn_output.weight", ("d", "q")),), linear=True
+    ),
     TensorSpec(
         "feed_forward.w13.weight",
         (
@@ -75,7 +77,9 @@ LAYER = (
         ),
         linear=True,
     ),
-    TensorSpec("feed_forward.w2.weight", (PartSpec("mlp.down_proj.weight", "ffn_down.weight", ("d", "ffn")),), True),
+    TensorSpec(
+        "feed_forward.w2.weight", (PartSpec("mlp.down_proj.weight", "ffn_down.weight", ("d", "ffn")),), linear=True
+    ),
     TensorSpec("attention_norm.weight", (PartSpec("input_layernorm.weight", "attn_norm.weight", ("d",)),)),
     TensorSpec("ffn_norm.weight", (PartSpec("post_attention_layernorm.weight", "ffn_norm.weight", ("d",)),)),
     TensorSpec(
