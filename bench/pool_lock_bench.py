@@ -35,8 +35,9 @@ def decode_ms(kernel: Path, steps: int, threads: int) -> float:
 
     from inference.engine.execution.runner import ModelRunner
     from inference.engine.kernels import matmul as matmul_kernel
+    from inference.engine.loaders.build import build_model
     from inference.engine.model.config import ModelConfig
-    from inference.engine.model.transformer import Transformer, expected_hf_shapes
+    from inference.engine.model.layout import expected_hf_shapes
 
     torch.set_num_threads(1)
     matmul_kernel.set_threads(threads)
@@ -44,7 +45,7 @@ def decode_ms(kernel: Path, steps: int, threads: int) -> float:
                          max_position_embeddings=1024, tie_word_embeddings=False, **SHAPE)  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     tensors = {n: torch.randn(s, generator=generator) * 0.02 for n, s in expected_hf_shapes(config).items()}
-    runner = ModelRunner(Transformer.from_hf_weights(config, tensors, context_window=512), max_concurrent=1,
+    runner = ModelRunner(build_model(config, tensors, context_window=512), max_concurrent=1,
                          context_window=512)  # fmt: skip
     slot = runner.allocate_slot()
     runner.prefill(slot, [1, 2, 3])

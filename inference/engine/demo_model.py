@@ -14,6 +14,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from inference.engine.model.config import ModelConfig
+from inference.engine.model.layout import expected_hf_shapes
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Markup the model writes as text (so decoding keeps it), each still a single token.
 MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
@@ -137,33 +140,11 @@ def build_demo_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _random_weights(vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
-    """HF Llama tensors with tied embeddings: normal(0, 0.02) matrices, unit RMSNorm weights."""
+def _random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """The model's Hugging Face tensors (model/layout.py): normal(0, 0.02) matrices, unit RMSNorm weights."""
     generator = torch.Generator().manual_seed(seed)
-    hidden, inter = ARCHITECTURE["hidden_size"], ARCHITECTURE["intermediate_size"]
-    head_dim = ARCHITECTURE["head_dim"]
-    q_out = ARCHITECTURE["num_attention_heads"] * head_dim
-    kv_out = ARCHITECTURE["num_key_value_heads"] * head_dim
-
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=generator) * 0.02
-
-    tensors = {"model.embed_tokens.weight": normal(vocab_size, hidden)}
-    for i in range(ARCHITECTURE["num_hidden_layers"]):
-        prefix = f"model.layers.{i}"
-        tensors |= {
-            f"{prefix}.self_attn.q_proj.weight": normal(q_out, hidden),
-            f"{prefix}.self_attn.k_proj.weight": normal(kv_out, hidden),
-            f"{prefix}.self_attn.v_proj.weight": normal(kv_out, hidden),
-            f"{prefix}.self_attn.o_proj.weight": normal(hidden, q_out),
-            f"{prefix}.mlp.gate_proj.weight": normal(inter, hidden),
-            f"{prefix}.mlp.up_proj.weight": normal(inter, hidden),
-            f"{prefix}.mlp.down_proj.weight": normal(hidden, inter),
-            f"{prefix}.input_layernorm.weight": torch.ones(hidden),
-            f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
-        }
-    tensors["model.norm.weight"] = torch.ones(hidden)
-    return tensors
+    shapes = expected_hf_shapes(config)
+    return {n: torch.ones(s) if len(s) == 1 else torch.randn(s, generator=generator) * 0.02 for n, s in shapes.items()}
 
 
 def _added_token_entry(token: str) -> dict:
@@ -192,23 +173,21 @@ def write_demo_model(directory: str | Path, seed: int = 0) -> Path:
     eos_ids = [ids["<|im_end|>"], ids["<|endoftext|>"]]
 
     tokenizer.save(str(directory / "tokenizer.json"))
-    _write_json(
-        directory / "config.json",
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": vocab_size,
-            **ARCHITECTURE,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "tie_word_embeddings": True,
-            "bos_token_id": None,
-            "eos_token_id": eos_ids,
-            "pad_token_id": ids["<|endoftext|>"],
-            "torch_dtype": "float32",
-        },
-    )
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        **ARCHITECTURE,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": None,
+        "eos_token_id": eos_ids,
+        "pad_token_id": ids["<|endoftext|>"],
+        "torch_dtype": "float32",
+    }
+    _write_json(directory / "config.json", config)
     _write_json(
         directory / "generation_config.json",
         {"eos_token_id": eos_ids, "pad_token_id": ids["<|endoftext|>"]},
@@ -229,5 +208,6 @@ def write_demo_model(directory: str | Path, seed: int = 0) -> Path:
             "chat_template": CHAT_TEMPLATE,
         },
     )
-    save_file(_random_weights(vocab_size, seed), str(directory / "model.safetensors"), metadata={"format": "pt"})
+    weights = _random_weights(ModelConfig.from_hf_dict(config), seed)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory

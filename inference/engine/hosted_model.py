@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -23,24 +22,14 @@ from inference.engine.contract.dialects.grammar import tool_call_grammar
 from inference.engine.contract.dialects.registry import DIALECT
 from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN
 from inference.engine.contract.reasons import Reason
-from inference.engine.errors import LoadError
 from inference.engine.execution.step_threads import StepThreads
 from inference.engine.grammar import GrammarCompiler, GrammarError
-from inference.engine.kv.kv_budget import (
-    MIN_WINDOW,
-    configured_window,
-    effective_window,
-    element_size,
-    free_memory,
-    kv_bytes_per_token,
-    prefix_cache_bytes,
-    read_config,
-    weight_bytes_estimate,
-)
+from inference.engine.kv.kv_budget import free_memory
 from inference.engine.kv.session_blob import SessionSnapshot
 from inference.engine.kv.session_calls import SessionCall, answer
-from inference.engine.kv.sessions import SessionTable
-from inference.engine.loaders.loading import LoadedModel, automatic_kv_dtype, load_model
+from inference.engine.load_plan import new_scheduler, plan_load
+from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.loaders.loading import load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
@@ -178,40 +167,21 @@ class HostedModel:
         decode step is compiled (CPU, here) or captured (CUDA, by the worker's loop: `warm_up_next`) for every
         batch-size bucket before the load answers, for the intra-op threads `step_threads` gives the model (the
         worker's choice when it steps it).
-        The window is the configured one, lowered to what fits in free memory next to the weights, and the prefix
-        cache gets its budget from what is left (see kv_budget); a model that cannot fit even MIN_WINDOW positions
-        fails with MemoryError."""
+        The window and the KV pool are planned first (load_plan.py: a model that cannot fit fails with MemoryError
+        before any weight is read)."""
         options, limits = req.options, req.limits
-        slots = limits.max_concurrent
-        config = read_config(req.path)
-        if options.ctx_cap > config.context_limit:
-            raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
-        configured = configured_window(config, options.ctx_cap)
-        element = element_size(options.dtype or None, device)
-        budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
-        kv_dtype = options.kv_dtype or automatic_kv_dtype(req.path, options.dtype or None, device)
-        per_token = kv_bytes_per_token(config, element_size(kv_dtype or options.dtype or None, device))
-        window = effective_window(configured, per_token, slots, budget)
-        if window < min(MIN_WINDOW, configured):
-            raise MemoryError(
-                f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
-                f"left after the weights and the {limits.min_free_memory}-byte reserve"
-            )
-        windows = slots * -(-window // limits.block_size) * limits.block_size  # positions the sequences may fill
-        # An attachable load keeps its weights where a trainer can map them (engine/weights/); a GGUF file or an
-        # int8 load never is, and loads as usual (attach then says why).
-        attachable = limits.attachable and not options.quantize and Path(req.path).is_dir()
+        plan = plan_load(req, device)
         model = load_model(
             req.path,
-            attachable=attachable,
+            attachable=plan.attachable,
             device=device,
             dtype=options.dtype or None,
-            kv_dtype=kv_dtype,
+            kv_dtype=plan.kv_dtype,
             quantize=options.quantize,
-            max_concurrent=slots,
-            context_window=window,
+            max_concurrent=limits.max_concurrent,
+            context_window=plan.window,
             block_size=limits.block_size,
-            cache_tokens=prefix_cache_bytes(limits.prefix_cache_bytes, budget - windows * per_token) // per_token,
+            cache_tokens=plan.cache_tokens,
             progress=progress,
         )
         if compiles_decode(options, device):
@@ -221,31 +191,13 @@ class HostedModel:
             # long to hold the loop; it runs here, and the kernels' pool takes one job at a time.
             cuda = torch.device(device).type == "cuda"
             model.runner.compile_decode(threads=threads.torch if threads else None, now=not cuda)
-        sessions = None
-        if limits.max_sessions:
-            sessions = SessionTable(
-                model.runner.cache,
-                max_sessions=limits.max_sessions,
-                idle_ttl=limits.session_idle_ttl,
-                watch_grace=limits.watch_grace,
-            )
-        scheduler = Scheduler(
-            model.runner,
-            model.tokenizer,
-            max_concurrent=slots,
-            queue_depth=limits.queue_depth,
-            queue_timeout=limits.queue_timeout,
-            prefill_chunk=limits.prefill_chunk,
-            repetition_span=limits.repetition_span,
-            sessions=sessions,
-        )
         hosted = cls(
             req.name,
             model,
-            scheduler,
+            new_scheduler(model, limits),
             device=device,
             min_free_memory=limits.min_free_memory,
-            window_configured=configured,
+            window_configured=plan.configured,
         )
         hosted.reasoning_budget = options.reasoning_budget
         hosted.pooling = options.pooling

@@ -10,9 +10,10 @@ from torch import nn
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, SamplingParams
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
-from inference.engine.model.transformer import PackedLinear, Transformer
+from inference.engine.model.transformer import PackedLinear
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
@@ -29,7 +30,7 @@ PROMPTS = [
 @pytest.fixture
 def runner(stories_hf_dir) -> ModelRunner:
     checkpoint = read_hf_dir(stories_hf_dir)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64)
     return ModelRunner(model, max_concurrent=6, context_window=64)
 
 

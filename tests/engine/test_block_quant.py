@@ -10,17 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.quant.block_quant import (
+from inference.engine.quant.block_codecs import (
     BLOCK,
-    KERNEL,
-    Q4_0Linear,
-    Q4_1Linear,
-    Q4_KLinear,
-    Q5_0Linear,
-    Q5_1Linear,
-    Q5_KLinear,
-    Q6_KLinear,
-    Q8_0Linear,
     decode_q4_0,
     decode_q4_1,
     decode_q4_k,
@@ -37,6 +28,17 @@ from inference.engine.quant.block_quant import (
     encode_q5_k,
     encode_q6_k,
     encode_q8_0,
+)
+from inference.engine.quant.block_quant import (
+    KERNEL,
+    Q4_0Linear,
+    Q4_1Linear,
+    Q4_KLinear,
+    Q5_0Linear,
+    Q5_1Linear,
+    Q5_KLinear,
+    Q6_KLinear,
+    Q8_0Linear,
 )
 from inference.engine.quant.gguf_dequant import dequantize
 from tests.engine.test_gguf_quant import encode as random_blocks

@@ -19,7 +19,8 @@ from inference.engine.execution.runner import ModelRunner
 from inference.engine.execution.step_threads import StepThreads
 from inference.engine.hosted_model import HostedModel, compiles_decode
 from inference.engine.kernels import matmul as matmul_kernel
-from inference.engine.loaders.loading import LoadedModel, load_model
+from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.loaders.loading import load_model
 from inference.engine.model.transformer import FloatLinear
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]

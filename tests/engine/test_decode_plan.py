@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from inference.engine.execution.decode_plan import DecodePlan
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import FloatLinear, Transformer
 from inference.engine.quant.stored_embedding import StoredEmbedding
@@ -50,7 +51,7 @@ def assert_same_steps(model: Transformer) -> None:
 
 def test_stories_decodes_the_forwards_logits(stories_hf_dir):
     checkpoint = read_hf_dir(stories_hf_dir)
-    assert_same_steps(Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64))
+    assert_same_steps(build_model(checkpoint.config, checkpoint.tensors, context_window=64))
 
 
 def test_q4_0_blocks_decode_the_forwards_logits(tmp_path: Path):
@@ -87,5 +88,5 @@ def test_float32_on_the_kernel_decodes_the_forwards_logits(tmp_path: Path):
 def test_a_model_the_plan_cannot_serve_has_none(stories_hf_dir):
     """Weights kept as nn.Linear (an attachable load, which a trainer writes) leave the forward to serve."""
     checkpoint = read_hf_dir(stories_hf_dir)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, attachable=True)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64, attachable=True)
     assert DecodePlan.build(model) is None

@@ -8,11 +8,14 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from inference.engine.errors import LoadError
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
+from inference.engine.model.layout import expected_hf_shapes
 
 
 @pytest.fixture
@@ -65,6 +68,37 @@ def test_half_precision_files_are_read_as_float32(tmp_path, stories_hf_dir):
     checkpoint = read_hf_dir(tmp_path)
     assert all(t.dtype == torch.float32 for t in checkpoint.tensors.values())
     assert checkpoint.generation_eos_ids == []
+
+
+class MadeTensors(TorchDispatchMode):
+    """Records the dtype and shape of every tensor an op makes off the meta device (the model is built on it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[torch.dtype, tuple[int, ...]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+                self.made.append((tensor.dtype, tuple(tensor.shape)))
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_checkpoint_loads_in_its_dtype_without_a_float32_copy(tmp_path, stories_hf_dir, dtype):
+    shutil.copytree(stories_hf_dir, tmp_path, dirs_exist_ok=True)
+    on_disk = {name: t.to(dtype) for name, t in load_file(stories_hf_dir / "model.safetensors").items()}
+    save_file(on_disk, tmp_path / "model.safetensors")
+    checkpoint = read_hf_dir(tmp_path, dtype=dtype)
+    assert all(t.dtype == dtype and torch.equal(t, on_disk[name]) for name, t in checkpoint.tensors.items())
+    with MadeTensors() as recorder:
+        loaded = load_model(tmp_path, dtype=dtype, max_concurrent=1, context_window=48)
+    weight_shapes = set(expected_hf_shapes(loaded.config).values())
+    assert [shape for made, shape in recorder.made if made == torch.float32 and shape in weight_shapes] == []
+    assert torch.equal(loaded.runner.model.embed.weight, on_disk["model.embed_tokens.weight"])
+    prompt = loaded.tokenizer.encode("Once upon a time")
+    assert loaded.runner.prefill(loaded.runner.allocate_slot(), prompt).shape[-1] == loaded.config.vocab_size
 
 
 def rewrite_config(directory, **changes):

@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import Transformer
 from tests.greedy import greedy
 
 TINY = dict(
@@ -68,7 +68,7 @@ def make_checkpoint(name: str, tied: bool, path) -> AutoModelForCausalLM:
 
 def load_runner(path, max_concurrent: int = 4) -> ModelRunner:
     checkpoint = read_hf_dir(path)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=128)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=128)
     return ModelRunner(model, max_concurrent=max_concurrent, context_window=128)
 
 
@@ -111,7 +111,7 @@ def test_llama3_rope_scaling_changes_the_model(tmp_path):
     ids = list(range(1, 60))
     outputs = []
     for config in (checkpoint.config, dataclasses.replace(checkpoint.config, rope_scaling=None)):
-        model = Transformer.from_hf_weights(config, checkpoint.tensors, context_window=128)
+        model = build_model(config, checkpoint.tensors, context_window=128)
         runner = ModelRunner(model, max_concurrent=1, context_window=128)
         outputs.append(runner.prefill(runner.allocate_slot(), ids, all_logits=True))
     assert (outputs[0][-1] - outputs[1][-1]).abs().max().item() > 1e-2
@@ -123,9 +123,7 @@ def test_half_precision_runs_close_to_float32(dtype, tmp_path):
     checkpoint = read_hf_dir(tmp_path)
     logits = {}
     for model_dtype in (torch.float32, dtype):
-        model = Transformer.from_hf_weights(
-            checkpoint.config, checkpoint.tensors, context_window=128, dtype=model_dtype
-        )
+        model = build_model(checkpoint.config, checkpoint.tensors, context_window=128, dtype=model_dtype)
         runner = ModelRunner(model, max_concurrent=2, context_window=128)
         slots = [runner.allocate_slot(), runner.allocate_slot()]
         runner.prefill(slots[0], PROMPTS[0])
@@ -147,7 +145,7 @@ def test_stories260k_greedy_generation_matches_transformers(stories_hf_dir):
 
     checkpoint = read_hf_dir(stories_hf_dir)
     runner = ModelRunner(
-        Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=512),
+        build_model(checkpoint.config, checkpoint.tensors, context_window=512),
         max_concurrent=1,
         context_window=512,
     )

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.kernels.paged_attention import KERNEL, decode_attention
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import Transformer, rotate_half
+from inference.engine.model.transformer import rotate_half
 from tests.greedy import greedy
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
@@ -22,7 +23,7 @@ PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS 
 @pytest.fixture(scope="module")
 def transformer(stories_hf_dir):
     checkpoint = read_hf_dir(stories_hf_dir)
-    return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=256)
+    return build_model(checkpoint.config, checkpoint.tensors, context_window=256)
 
 
 def decode_logits(transformer, *, kernel: bool) -> list[torch.Tensor]:

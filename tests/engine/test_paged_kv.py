@@ -10,8 +10,8 @@ import torch
 
 from inference.engine.errors import KVCacheFull
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import Transformer
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 LONG = (PROMPT * 4)[:45]  # two full blocks of 16 and 13 more positions
@@ -20,7 +20,7 @@ LONG = (PROMPT * 4)[:45]  # two full blocks of 16 and 13 more positions
 @pytest.fixture(scope="module")
 def transformer(stories_hf_dir):
     checkpoint = read_hf_dir(stories_hf_dir)
-    return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=4096)
+    return build_model(checkpoint.config, checkpoint.tensors, context_window=4096)
 
 
 @pytest.fixture

@@ -12,9 +12,11 @@ import torch
 from torch import nn
 
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.loading import linear_formats, load_model
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import Transformer, expected_hf_shapes
+from inference.engine.model.layout import expected_hf_shapes
+from inference.engine.model.transformer import Transformer
 from inference.engine.quant import quantize as quantize_module
 from inference.engine.quant.block_quant import KERNEL
 from inference.engine.quant.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
@@ -80,7 +82,7 @@ def test_int8_with_qkv_bias_and_qk_norm(tmp_path):
     tensors = random_weights(config, 0.1)
     logits = []
     for quantize in (False, True):
-        model = Transformer.from_hf_weights(config, tensors, context_window=64)
+        model = build_model(config, tensors, context_window=64)
         if quantize:
             quantize_linears(model)
         runner = ModelRunner(model, max_concurrent=1, context_window=64)
@@ -99,7 +101,7 @@ def test_layers_the_block_kernel_takes_become_q8_0_blocks(monkeypatch):
     tensors = random_weights(config, 0.05)
 
     def served(quantize: bool) -> tuple[Transformer, ModelRunner, torch.Tensor]:
-        model = Transformer.from_hf_weights(config, tensors, context_window=64, quantize=quantize)
+        model = build_model(config, tensors, context_window=64, quantize=quantize)
         runner = ModelRunner(model, max_concurrent=1, context_window=64)
         logits = greedy(runner, list(range(10, 30)), 1, all_logits=True).prompt_logits
         return model, runner, logits

@@ -14,12 +14,13 @@ from gguf import GGMLQuantizationType as Q
 from torch import nn
 
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import linear_formats, load_model, weight_bytes
-from inference.engine.model.transformer import Transformer, linear_sources
-from inference.engine.quant.block_quant import (
-    BlockParts,
+from inference.engine.model.layout import EMBEDDING, linear_sources
+from inference.engine.model.transformer import Transformer
+from inference.engine.quant.block_codecs import (
     decode_q4_1,
     decode_q4_k,
     decode_q5_0,
@@ -28,9 +29,10 @@ from inference.engine.quant.block_quant import (
     decode_q6_k,
     decode_q8_0,
 )
+from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import GROUP_SIZE, group_quantize
 from inference.engine.quant.stored_embedding import StoredEmbedding
-from inference.engine.quant.stored_quant import EMBEDDING, LAYERS, QUANTIZED_TYPES, KeepQuantized
+from inference.engine.quant.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 from tests.greedy import greedy
@@ -79,7 +81,7 @@ TOLERANCE = {
 
 def _model(path: Path, keep: KeepQuantized | None = None) -> Transformer:
     checkpoint = read_gguf(path)
-    return Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    return build_model(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
 
 
 def _keep(path: Path, form: str, **options) -> KeepQuantized:
@@ -259,7 +261,7 @@ def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtyp
     checkpoint = read_gguf(path)
     stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
     keep = KeepQuantized(stored, checkpoint.file_bytes, block_kernel=True)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
     assert linear_formats(model).get("float32", 0) == 0
     assert checkpoint.tensors.decoded == {"model.embed_tokens.weight", "model.norm.weight"} | {
         f"model.layers.0.{norm}.weight" for norm in ("input_layernorm", "post_attention_layernorm")
@@ -275,7 +277,7 @@ def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype:
     path = write_wide_gguf(tmp_path, qtype)
     checkpoint = read_gguf(path)
     keep = _keep(path, "q8_0", min_embedding_elements=512 * 512)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
     assert isinstance(model.embed, StoredEmbedding)
     assert torch.equal(model.embed.rows, checkpoint.file_bytes[EMBEDDING])
     assert EMBEDDING not in checkpoint.tensors.decoded
@@ -297,7 +299,7 @@ def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
     checkpoint = read_gguf(path)
     assert checkpoint.config.tie_word_embeddings
     keep = _keep(path, "q8_0", min_embedding_elements=0)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64, keep=keep)
     assert isinstance(model.embed, StoredEmbedding)
     assert linear_formats(model) == {"q6_k" if qtype == Q.Q6_K else "q8_0": 5}
     expanded = {name for name in checkpoint.tensors.decoded if not name.endswith("norm.weight")}

@@ -7,8 +7,8 @@ import torch
 
 from inference.engine.errors import ContextOverflow, KVCacheFull
 from inference.engine.execution.runner import ModelRunner, attention_backends
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import Transformer
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 
@@ -20,7 +20,7 @@ def checkpoint(stories_hf_dir):
 
 @pytest.fixture
 def runner(checkpoint) -> ModelRunner:
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64)
     return ModelRunner(model, max_concurrent=3, context_window=64)
 
 

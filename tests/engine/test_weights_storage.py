@@ -17,9 +17,11 @@ import torch
 
 from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import Transformer, expected_hf_shapes
+from inference.engine.model.layout import expected_hf_shapes
+from inference.engine.model.transformer import Transformer
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
     read_weights,
@@ -27,7 +29,8 @@ from inference.engine.weights.checkpoint_files import (
     verify_checkpoint,
 )
 from inference.engine.weights.handles import export_handles, rebuild_parameters
-from inference.engine.weights.parameter_views import ParameterMismatch, ParameterViews, attach_refusal
+from inference.engine.weights.parameter_views import ParameterMismatch, ParameterViews
+from inference.engine.weights.served_weights import attach_refusal
 from inference.engine.weights.shared_storage import SharedArena
 from tests.greedy import greedy
 
@@ -222,11 +225,11 @@ def prompt_logits(model: Transformer) -> torch.Tensor:
 
 def test_per_head_norms_are_repacked_after_a_write():
     config, tensors = tiny_qwen3()
-    model = Transformer.from_hf_weights(config, tensors, context_window=64, attachable=True)
+    model = build_model(config, tensors, context_window=64, attachable=True)
     parameters = ParameterViews(model, config)
     assert parameters.layout == "views+repack"
     assert parameters.repacked == [f"model.layers.{i}.self_attn.{n}_norm.weight" for i in range(2) for n in "qk"]
-    plain = Transformer.from_hf_weights(config, tensors, context_window=64)
+    plain = build_model(config, tensors, context_window=64)
     assert torch.allclose(prompt_logits(model), prompt_logits(plain), atol=1e-4)
 
     written = {
@@ -241,7 +244,7 @@ def test_per_head_norms_are_repacked_after_a_write():
     assert torch.equal(norm[4:], written["model.layers.1.self_attn.k_norm.weight"].expand(2, -1))
     saved = parameters.state_dict()
     assert all(torch.equal(saved[name], tensor) for name, tensor in written.items())
-    rebuilt = Transformer.from_hf_weights(config, {**tensors, **written}, context_window=64)
+    rebuilt = build_model(config, {**tensors, **written}, context_window=64)
     assert torch.allclose(prompt_logits(model), prompt_logits(rebuilt), atol=1e-4)
 
 

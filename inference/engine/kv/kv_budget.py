@@ -25,7 +25,7 @@ from inference.engine.loaders.gguf import read_gguf_config
 from inference.engine.loaders.hf import read_hf_config
 from inference.engine.loaders.loading import DEFAULT_MAX_CONTEXT, DTYPES, checkpoint_format
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import expected_hf_shapes
+from inference.engine.model.layout import expected_hf_shapes
 
 MIN_WINDOW = 16  # below this a model cannot hold a useful prompt: the load fails instead
 PREFIX_CACHE_CAP = 4 * 2**30  # the automatic prefix cache's most bytes per model

@@ -21,7 +21,7 @@ from inference.engine.kv.session_blob import (
     encode_blob,
 )
 from inference.engine.kv.sessions import SessionError, SessionTable
-from inference.engine.loaders.loading import LoadedModel
+from inference.engine.loaders.loaded import LoadedModel
 
 SessionCall = p.SessionExport | p.SessionRestore | p.SessionRelease | p.SessionWatch | p.SessionList
 

@@ -9,7 +9,7 @@ Three things differ from a Hugging Face checkpoint and are undone here:
   interleaved order; the model rotates halves (HF `rotate_half`), so llama q/k rows are permuted back. qwen2 and
   qwen3 GGUFs already use the half-split (NEOX) order and are taken as stored.
 
-Every tensor is checked against what the model needs (`expected_hf_shapes`) before any data is decoded, and a file
+Every tensor is checked against what the model needs (model/layout.py) before any data is decoded, and a file
 that is not a GGUF, is cut short, or holds the wrong tensors raises `LoadError` naming the file and the problem.
 """
 
@@ -30,26 +30,13 @@ from inference.engine.errors import LoadError
 from inference.engine.loaders.gguf_config import ROPE_FREQS_TENSOR, config_from_gguf
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import expected_hf_shapes
+from inference.engine.model.layout import EMBEDDING, LAYER, TOP, model_tensors
 from inference.engine.quant.gguf_dequant import SUPPORTED_TYPES, dequantize
-from inference.engine.quant.stored_quant import EMBEDDING, FILE_BYTES_TYPES, QUANTIZED_TYPES
+from inference.engine.quant.stored_quant import FILE_BYTES_TYPES, QUANTIZED_TYPES
 
-_TOP_LEVEL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    **{f"attn_{p}.{kind}": f"self_attn.{p}_proj.{kind}" for p in "qkv" for kind in ("weight", "bias")},
-}
+# GGUF names to Hugging Face names, at the top and within a layer (blk.N. / model.layers.N.), from the model's layout.
+_TOP_LEVEL_NAMES = {part.gguf: part.hf for tensor in TOP for part in tensor.parts}
+_LAYER_NAMES = {part.gguf: part.hf for tensor in LAYER for part in tensor.parts}
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
 
 
@@ -106,10 +93,10 @@ def read_gguf(path: str | Path, progress: ReadProgress | None = None) -> GGUFChe
         if hf_name is None:
             raise LoadError(path, f"unexpected tensor {name}: not part of a {config.architecture} model")
         hf_to_gguf[hf_name] = name
-    expected = expected_hf_shapes(config)
-    for hf_name, shape in expected.items():
-        name = gguf_name_of(hf_name)
-        _check_tensor(path, by_name.get(name), name, shape)
+    parts = {part.hf: part for tensor in model_tensors(config) for part in tensor.parts}
+    expected = {hf_name: part.shape for hf_name, part in parts.items()}
+    for part in parts.values():
+        _check_tensor(path, by_name.get(part.gguf), part.gguf, part.shape)
     for hf_name, name in hf_to_gguf.items():
         if hf_name not in expected:
             raise LoadError(path, f"unexpected tensor {name}: the metadata describes a model without it")
@@ -152,15 +139,6 @@ def hf_name_of(gguf_name: str) -> str | None:
     if match is None or match[2] not in _LAYER_NAMES:
         return None
     return f"model.layers.{int(match[1])}.{_LAYER_NAMES[match[2]]}"
-
-
-def gguf_name_of(hf_name: str) -> str:
-    """The GGUF tensor name of a Hugging Face name that `expected_hf_shapes` lists."""
-    for gguf_name, name in _TOP_LEVEL_NAMES.items():
-        if name == hf_name:
-            return gguf_name
-    _, _, layer, rest = hf_name.split(".", 3)
-    return next(f"blk.{layer}.{g}" for g, h in _LAYER_NAMES.items() if h == rest)
 
 
 def _open(path: Path) -> gguf.GGUFReader:
@@ -218,12 +196,7 @@ def _file_rows(path: Path, tensor: gguf.ReaderTensor, torch_shape: tuple[int, ..
 def _qk_heads(config: ModelConfig) -> dict[str, int]:
     """llama's q/k weights and biases, whose rows go from interleaved pairs to HF's half-split layout, and the heads
     each holds."""
-    heads = {}
-    for i in range(config.num_layers):
-        for proj, count in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
-            for kind in ("weight", "bias"):
-                heads[f"model.layers.{i}.self_attn.{proj}.{kind}"] = count
-    return heads
+    return {part.hf: part.rope_heads for tensor in model_tensors(config) for part in tensor.parts if part.rope_heads}
 
 
 def _interleaved_to_half_split(w: torch.Tensor, n_heads: int) -> torch.Tensor:

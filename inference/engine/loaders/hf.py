@@ -18,7 +18,7 @@ from safetensors import safe_open
 from inference.engine.errors import LoadError
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import expected_hf_shapes
+from inference.engine.model.layout import expected_hf_shapes
 
 # Bytes per element of safetensors' dtype names (for the totals a load's progress is counted against).
 _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -27,7 +27,7 @@ _ELEMENT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "
 @dataclass(slots=True)
 class HFCheckpoint:
     config: ModelConfig
-    tensors: dict[str, torch.Tensor]  # Hugging Face names, float32 on CPU
+    tensors: dict[str, torch.Tensor]  # Hugging Face names, in the read's dtype on CPU
     generation_eos_ids: list[int]  # generation_config.json's eos_token_id(s); [] without that file
 
 
@@ -37,8 +37,13 @@ def read_hf_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_hf_dict(_read_json(file), file)
 
 
-def read_hf_dir(path: str | Path, progress: ReadProgress | None = None) -> HFCheckpoint:
-    """The config and the expected tensors (float32) of a checkpoint directory; `progress` counts what is read."""
+def read_hf_dir(
+    path: str | Path, progress: ReadProgress | None = None, dtype: torch.dtype = torch.float32
+) -> HFCheckpoint:
+    """The config and the expected tensors of a checkpoint directory, in `dtype`; `progress` counts what is read.
+
+    Each tensor goes from the file's dtype straight to `dtype`, one at a time: a bfloat16 checkpoint read as
+    bfloat16 is never widened, so the read holds the checkpoint's size, not twice it."""
     root = Path(path)
     config = read_hf_config(root)
     expected = expected_hf_shapes(config)
@@ -47,7 +52,7 @@ def read_hf_dir(path: str | Path, progress: ReadProgress | None = None) -> HFChe
     progress.expect(len(expected), sum(_stored_bytes(file, names) for file, names in files.items()))
     tensors: dict[str, torch.Tensor] = {}
     for file, names in files.items():
-        tensors |= _read_safetensors(file, names, progress)
+        tensors |= _read_safetensors(file, names, progress, dtype)
         for name in names:
             if tuple(tensors[name].shape) != expected[name]:
                 got, want = list(tensors[name].shape), list(expected[name])
@@ -121,14 +126,16 @@ def _stored_bytes(file: Path, names: list[str]) -> int:
         raise LoadError(file, f"cannot read safetensors: {exc}") from exc
 
 
-def _read_safetensors(file: Path, names: list[str], progress: ReadProgress) -> dict[str, torch.Tensor]:
+def _read_safetensors(
+    file: Path, names: list[str], progress: ReadProgress, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     try:
         with _open_safetensors(file, names) as handle:
             tensors = {}
             for name in names:
                 stored = handle.get_tensor(name)
                 progress.read(stored.nbytes)
-                tensors[name] = stored.float()
+                tensors[name] = stored.to(dtype)
             return tensors
     except LoadError:
         raise

@@ -1,13 +1,15 @@
 """`load_model`: a path on disk to a ready `ModelRunner` with its tokenizer and stop tokens.
 
 A directory is a Hugging Face checkpoint; a `.gguf` file is a GGUF checkpoint. Both loaders hand over the same thing
-(a `ModelConfig` and float32 weights in Hugging Face naming), so everything after reading is one path.
+(a `ModelConfig` and weights in Hugging Face naming: a directory's in the load's dtype, a GGUF file's in float32), so
+everything after reading is one path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +19,13 @@ from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.checkpoint import checkpoint_format as contract_checkpoint_format
 from inference.engine.errors import LoadError
 from inference.engine.execution.runner import DEFAULT_BLOCK_SIZE, ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import FloatLinear, PackedLinear, Transformer, TransposedLinear
+from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import Int4Linear
 from inference.engine.quant.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -32,24 +36,6 @@ from inference.engine.weights.parameter_views import ParameterViews
 # A config's max_position_embeddings can be 128k; a KV cache that long for every slot would not fit in memory.
 DEFAULT_MAX_CONTEXT = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class LoadedModel:
-    path: Path
-    format: str  # "hf" | "gguf"
-    config: ModelConfig
-    tokenizer: Tokenizer
-    runner: ModelRunner
-    eos_token_ids: list[int]  # config + generation_config + tokenizer EOS, deduplicated, in that order
-    dtype: torch.dtype
-    device: torch.device
-    quantized: bool  # int8 linear layers
-    parameters: ParameterViews | None  # the Hugging Face tensors a trainer attaches to; None unless attachable
-    weight_bytes: int  # bytes of the weights held on the device, int8 layers at their int8 size
-    weights_version: int  # identifies these weights as loaded (see weights_version)
-    linear_formats: dict[str, int]  # the linear layers' in-memory formats (see linear_formats)
-    torch_matmuls: bool  # a large weight's matmul runs on torch's threads (see torch_matmuls)
 
 
 def load_model(
@@ -70,7 +56,7 @@ def load_model(
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
     `max_concurrent` full windows and `cache_tokens` positions more for the prefix cache (see ModelRunner), in blocks
     of `block_size`, in `kv_dtype` (default: the weights' dtype).
-    `attachable` lays the weights out for a trainer to attach to (Transformer.from_hf_weights) and exposes them as
+    `attachable` lays the weights out for a trainer to attach to (loaders/build.py) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (quant/stored_quant.py);
     dtype float32 expands them."""
@@ -80,44 +66,27 @@ def load_model(
     dtype = _resolve_dtype(dtype, device)
     kv_dtype = None if kv_dtype is None else _resolve_dtype(kv_dtype, device)
     fmt = checkpoint_format(path)
-    if fmt == "hf":
-        checkpoint = read_hf_dir(path, progress)
-        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids
-        tokenizer = Tokenizer.from_hf_dir(path)
-        keep = None
-    else:
-        checkpoint = read_gguf(path, progress)
-        config, tensors, extra_eos = checkpoint.config, checkpoint.tensors, []
-        tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
-        stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
-        keep = KeepQuantized(stored, checkpoint.file_bytes) if automatic_dtype and stored else None
-
-    context = context_window or min(config.context_limit, DEFAULT_MAX_CONTEXT)
-    if context > config.context_limit:
-        raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
-    model = Transformer.from_hf_weights(
-        config, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize, attachable=attachable,
-        keep=keep,
+    read = _read(path, fmt, dtype, keep_quantized=automatic_dtype, progress=progress)
+    config, tokenizer = read.config, read.tokenizer
+    context = _context_window(path, config, context_window)
+    model = build_model(
+        config, read.tensors, context_window=context, device=device, dtype=dtype, quantize=quantize,
+        attachable=attachable, keep=read.keep,
     )  # fmt: skip
-    del tensors, checkpoint, keep  # the file's bytes that Q4_K layers were made from go too
+    eos = read.eos_token_ids()
+    del read  # the file's bytes that Q4_K layers were made from go too
     return_freed_memory()
-    eos = [*config.eos_token_ids, *extra_eos]
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
+    runner = ModelRunner(
+        model, max_concurrent=max_concurrent, context_window=context, block_size=block_size, cache_tokens=cache_tokens,
+        kv_dtype=kv_dtype,
+    )  # fmt: skip
     return LoadedModel(
         path=path,
         format=fmt,
         config=config,
         tokenizer=tokenizer,
-        runner=ModelRunner(
-            model,
-            max_concurrent=max_concurrent,
-            context_window=context,
-            block_size=block_size,
-            cache_tokens=cache_tokens,
-            kv_dtype=kv_dtype,
-        ),
-        eos_token_ids=list(dict.fromkeys(eos)),
+        runner=runner,
+        eos_token_ids=eos,
         dtype=dtype,
         device=device,
         quantized=quantize,
@@ -127,6 +96,43 @@ def load_model(
         linear_formats=linear_formats(model),
         torch_matmuls=torch_matmuls(model),
     )
+
+
+@dataclass(slots=True)
+class _Read:
+    config: ModelConfig
+    tensors: Mapping[str, torch.Tensor]  # Hugging Face names
+    generation_eos_ids: list[int]
+    tokenizer: Tokenizer
+    keep: KeepQuantized | None
+
+    def eos_token_ids(self) -> list[int]:
+        """config + generation_config + tokenizer EOS, deduplicated, in that order."""
+        eos = [*self.config.eos_token_ids, *self.generation_eos_ids]
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        return list(dict.fromkeys(eos))
+
+
+def _context_window(path: Path, config: ModelConfig, requested: int | None) -> int:
+    context = requested or min(config.context_limit, DEFAULT_MAX_CONTEXT)
+    if context > config.context_limit:
+        raise LoadError(path, f"context_window {context} exceeds the model's {config.context_limit}")
+    return context
+
+
+def _read(path: Path, fmt: str, dtype: torch.dtype, *, keep_quantized: bool, progress: ReadProgress | None) -> _Read:
+    """A checkpoint's config, tensors and tokenizer; with `keep_quantized`, a GGUF file's quantized tensors are
+    named to stay so (on CPU: build_model decides)."""
+    if fmt == "hf":
+        checkpoint = read_hf_dir(path, progress, dtype)
+        tokenizer = Tokenizer.from_hf_dir(path)
+        return _Read(checkpoint.config, checkpoint.tensors, checkpoint.generation_eos_ids, tokenizer, None)
+    checkpoint = read_gguf(path, progress)
+    tokenizer = Tokenizer.from_gguf(checkpoint.reader, path)
+    stored = {n: t for n, t in checkpoint.tensor_types.items() if t in QUANTIZED_TYPES}
+    keep = KeepQuantized(stored, checkpoint.file_bytes) if keep_quantized and stored else None
+    return _Read(checkpoint.config, checkpoint.tensors, [], tokenizer, keep)
 
 
 def weights_version(path: Path, dtype: torch.dtype, quantize: bool) -> int:

@@ -15,8 +15,6 @@ microsecond per call, some ten calls per layer and step, and the model registers
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +25,7 @@ from inference.engine.kernels.paged_attention import decode_attention
 from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.config import ModelConfig
-from inference.engine.quant.quantize import quantize_linears
-from inference.engine.quant.stored_quant import KeepQuantized, keep_quantized, made_from_file
-from inference.engine.weights.shared_storage import SharedArena, place_in_arena
+from inference.engine.weights.shared_storage import SharedArena
 
 
 class RMSNorm(nn.Module):
@@ -331,73 +327,6 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
         self.arena: SharedArena | None = None  # holds the weights of an attachable CPU load
 
-    @classmethod
-    def from_hf_weights(
-        cls,
-        config: ModelConfig,
-        tensors: Mapping[str, torch.Tensor],
-        *,
-        context_window: int,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        quantize: bool = False,
-        attachable: bool = False,
-        keep: KeepQuantized | None = None,
-    ) -> Transformer:
-        """Builds the model from Hugging Face-named weights (already checked by the loader), with RoPE up to
-        context_window. The linear layers become int8 with `quantize`; on CPU, large float32 ones get oneDNN-packed
-        weights and the others are kept transposed.
-
-        `attachable` keeps every weight where another process can map it and in a layout where each Hugging Face
-        tensor is a view of what the model computes with (inference/engine/weights): on CPU all of them in one
-        shared-memory arena (`model.arena`), with the linear layers left as nn.Linear (slower than the repacked
-        ones, which are copies); on CUDA the allocator's own storage is what CUDA IPC shares, so nothing changes.
-
-        `keep` names the Hugging Face weights the checkpoint stores quantized: on CPU in float32, the linear layers
-        made of them stay quantized in the form quant/stored_quant.py chooses, and a large quantized embedding table
-        stays as the file's rows (quant/stored_embedding.py); what is made from the file's bytes is never asked of
-        `tensors` (a GGUF checkpoint decodes each tensor when asked: loaders/gguf.py)."""
-        if quantize and attachable:
-            raise ValueError("a quantized model cannot be attachable: a trainer writes the float weights")
-        with torch.device("meta"):
-            model = cls(config)
-        on_cpu = torch.device(device).type == "cpu"
-        sources = linear_sources(config)
-        keeps = keep is not None and on_cpu and not attachable and not quantize and dtype == torch.float32
-        made = made_from_file(model, sources, keep) if keeps else set()
-        from_file = {f"{name}.weight" for name in made}
-        keeps_embedding = keeps and keep.keeps_embedding(config.hidden_size)
-        if keeps_embedding:
-            from_file.add("embed.weight")
-        fused = fuse_hf_weights(config, tensors, skip=from_file)
-        if attachable and on_cpu:
-            model.arena, weights = place_in_arena(fused, dtype)
-        else:
-            converted: dict[int, torch.Tensor] = {}  # by source tensor, so tied weights stay one tensor
-            weights = {}
-            for name, tensor in fused.items():
-                if id(tensor) not in converted:
-                    converted[id(tensor)] = tensor.to(device=device, dtype=dtype)
-                weights[name] = converted[id(tensor)]
-            del converted  # so each replaced linear layer below frees its weight
-        del fused
-        weights |= {name: model.get_parameter(name) for name in from_file}  # left on the meta device
-        model.load_state_dict(weights, assign=True)
-        del weights
-        model.rope_cos, model.rope_sin_signed = rope_tables(config, context_window, torch.device(device))
-        model.requires_grad_(False).eval()
-        if quantize:
-            quantize_linears(model)
-            return model
-        if keeps:
-            rows = {name: shape[0] for name, shape in expected_hf_shapes(config).items()}
-            keep_quantized(model, sources, keep, rows)
-        if keeps_embedding:
-            model.embed = keep.stored_embedding(model, made)
-        if on_cpu and not attachable:
-            cpu_linears(model, float32=dtype == torch.float32)
-        return model
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -426,83 +355,3 @@ class Transformer(nn.Module):
             x, delta = x[select], delta[select]
         x = self.norm.forward(x, delta)
         return x if hidden else self.lm_head.forward(x)
-
-
-def expected_hf_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model needs, by Hugging Face name, with its [out, in] shape (`lm_head` only when untied)."""
-    d, hd = config.hidden_size, config.head_dim
-    q, kv = config.num_heads * hd, config.num_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, d),
-        "model.norm.weight": (d,),
-    }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, d)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (q, d),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.o_proj.weight": (d, q),
-            p + "mlp.gate_proj.weight": (config.intermediate_size, d),
-            p + "mlp.up_proj.weight": (config.intermediate_size, d),
-            p + "mlp.down_proj.weight": (d, config.intermediate_size),
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-        }
-        if config.attention_bias:
-            shapes |= {f"{p}self_attn.{n}_proj.bias": (size,) for n, size in (("q", q), ("k", kv), ("v", kv))}
-        if config.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
-    return shapes
-
-
-def linear_sources(config: ModelConfig) -> dict[str, list[str]]:
-    """Each linear layer of the model, by module name, with the Hugging Face weights fuse_hf_weights makes it of."""
-    sources = {"lm_head": ["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]}
-    for i in range(config.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        sources[dst + "attention.wqkv"] = [f"{src}self_attn.{n}_proj.weight" for n in "qkv"]
-        sources[dst + "attention.wo"] = [src + "self_attn.o_proj.weight"]
-        sources[dst + "feed_forward.w13"] = [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"]
-        sources[dst + "feed_forward.w2"] = [src + "mlp.down_proj.weight"]
-    return sources
-
-
-def fuse_hf_weights(
-    config: ModelConfig, hf: Mapping[str, torch.Tensor], skip: set[str] | frozenset[str] = frozenset()
-) -> dict[str, torch.Tensor]:
-    """Renames Hugging Face weights to this model's state dict, concatenating q/k/v and gate/up; the names in `skip`
-    are left out, and the weights only they are made of never asked of `hf`."""
-    parts: dict[str, Callable[[], torch.Tensor]] = {
-        "embed.weight": lambda: hf["model.embed_tokens.weight"],
-        "norm.weight": lambda: hf["model.norm.weight"],
-        "lm_head.weight": lambda: hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"],
-    }
-    for i in range(config.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn = src + "self_attn."
-        parts[dst + "attention.wqkv.weight"] = partial(_cat, hf, [f"{attn}{n}_proj.weight" for n in "qkv"])
-        if config.attention_bias:
-            parts[dst + "attention.wqkv.bias"] = partial(_cat, hf, [f"{attn}{n}_proj.bias" for n in "qkv"])
-        if config.qk_norm:
-            parts[dst + "attention.qk_norm.weight"] = partial(_qk_norm_rows, hf, attn, config)
-        parts[dst + "attention.wo.weight"] = partial(hf.__getitem__, attn + "o_proj.weight")
-        parts[dst + "feed_forward.w13.weight"] = partial(
-            _cat, hf, [src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"]
-        )
-        parts[dst + "feed_forward.w2.weight"] = partial(hf.__getitem__, src + "mlp.down_proj.weight")
-        parts[dst + "attention_norm.weight"] = partial(hf.__getitem__, src + "input_layernorm.weight")
-        parts[dst + "ffn_norm.weight"] = partial(hf.__getitem__, src + "post_attention_layernorm.weight")
-    return {name: make() for name, make in parts.items() if name not in skip}
-
-
-def _cat(hf: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    return torch.cat([hf[name] for name in names])
-
-
-def _qk_norm_rows(hf: Mapping[str, torch.Tensor], attn: str, config: ModelConfig) -> torch.Tensor:
-    q_rows = hf[attn + "q_norm.weight"].expand(config.num_heads, -1)
-    k_rows = hf[attn + "k_norm.weight"].expand(config.num_kv_heads, -1)
-    return torch.cat([q_rows, k_rows])

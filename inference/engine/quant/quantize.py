@@ -1,6 +1,6 @@
 """8-bit linear weights (`quantize=True` at load): a quarter of float32's weight bytes per decoded token.
 
-On a CPU where the block kernel is built, a layer whose rows it takes (`block_quant.fits_blocks`: whole blocks of 32
+On a CPU where the block kernel is built, a layer whose rows it takes (`block_codecs.fits_blocks`: whole blocks of 32
 values, padded to super-blocks of 256 where that adds at most a third) becomes Q8_0 blocks, as a GGUF Q8_0 file holds
 them (quant/block_quant.py: 8-bit codes and a float16 scale per 32 input values): scaled
 per 32 values rather than per output row, it is closer to the float weights than int8 per channel, and it decodes
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.quant.block_quant import KERNEL, Q8_0Linear, fits_blocks
+from inference.engine.quant.block_codecs import fits_blocks
+from inference.engine.quant.block_quant import KERNEL, Q8_0Linear
 
 # Without VNNI, fbgemm multiplies u8 x s8 pairs into saturating int16: full-range activations could overflow.
 REDUCE_RANGE = not getattr(torch.cpu, "_is_vnni_supported", lambda: False)()

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from inference.engine.model.layout import EMBEDDING
 from inference.engine.quant import block_quant
+from inference.engine.quant.block_codecs import fits_blocks
 from inference.engine.quant.block_quant import (
     BlockLinear,
     BlockParts,
@@ -43,7 +45,6 @@ from inference.engine.quant.block_quant import (
     Q5_KLinear,
     Q6_KLinear,
     Q8_0Linear,
-    fits_blocks,
 )
 from inference.engine.quant.gguf_dequant import QUANTIZED_TYPES
 from inference.engine.quant.int4 import Int4Linear, fits_int4
@@ -57,7 +58,6 @@ FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q
 BLOCK_FORMS = frozenset(t.lower() for t in FILE_BYTES_TYPES)
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
-EMBEDDING = "model.embed_tokens.weight"
 # From this many values (16 MB in float32) a quantized embedding table keeps the file's rows (stored_embedding.py).
 MIN_STORED_EMBEDDING_ELEMENTS = 1 << 22
 

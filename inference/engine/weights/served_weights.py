@@ -17,6 +17,7 @@ import torch
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.contract.reasons import Reason
+from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.weights.barrier import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
@@ -25,10 +26,31 @@ from inference.engine.weights.checkpoint_files import (
     verify_checkpoint,
 )
 from inference.engine.weights.handles import export_handles
-from inference.engine.weights.parameter_views import attach_refusal
 
 if TYPE_CHECKING:
     from inference.engine.hosted_model import HostedModel
+
+
+# The dtypes a trainer may attach to, on the CPU and on CUDA.
+CPU_DTYPES = (torch.float32,)
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def attach_refusal(model: LoadedModel, *, attachable_load: bool) -> str | None:
+    """Why a trainer may not attach to `model`, as the spec's NOT_ATTACHABLE reason, or None when it may.
+
+    `attachable_load` is whether the load was asked to be attachable. Only the reasons the weights themselves
+    decide are answered here; whether serving can be paused is the barrier's to say.
+    """
+    if model.format == "gguf":
+        return "gguf"
+    if model.quantized:
+        return "quantized"
+    if model.dtype not in (CPU_DTYPES if model.device.type == "cpu" else CUDA_DTYPES):
+        return "dtype"
+    if not attachable_load or model.parameters is None:
+        return "allocator"
+    return None
 
 
 class ServedWeights:

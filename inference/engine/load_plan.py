@@ -1,0 +1,92 @@
+"""What a LOAD asks of the memory before the weights are read, and the scheduler it serves with after.
+
+`plan_load` settles the window, the KV pool's dtype and the prefix cache's share from the checkpoint's config and
+the free memory, so a model that cannot fit is refused before any weight is read; `new_scheduler` builds the
+scheduler (and the session table) the load's limits describe. HostedModel.load runs both around load_model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.engine.contract import messages as p
+from inference.engine.contract.params import ServingLimits
+from inference.engine.errors import LoadError
+from inference.engine.kv.kv_budget import (
+    MIN_WINDOW,
+    configured_window,
+    effective_window,
+    element_size,
+    free_memory,
+    kv_bytes_per_token,
+    prefix_cache_bytes,
+    read_config,
+    weight_bytes_estimate,
+)
+from inference.engine.kv.sessions import SessionTable
+from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.loaders.loading import automatic_kv_dtype
+from inference.engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    configured: int  # the window the options ask for (see kv_budget.configured_window)
+    window: int  # the window that fits in free memory next to the weights
+    kv_dtype: str | None  # None: the weights' dtype
+    cache_tokens: int  # positions the prefix cache may hold beyond the sequences' windows
+    attachable: bool  # the weights laid out for a trainer to attach to (engine/weights/)
+
+
+def plan_load(req: p.Load, device: str) -> LoadPlan:
+    """The window is the configured one, lowered to what fits in free memory next to the weights, and the prefix
+    cache gets its budget from what is left (see kv_budget); a model that cannot fit even MIN_WINDOW positions
+    fails with MemoryError."""
+    options, limits = req.options, req.limits
+    slots = limits.max_concurrent
+    config = read_config(req.path)
+    if options.ctx_cap > config.context_limit:
+        raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
+    configured = configured_window(config, options.ctx_cap)
+    element = element_size(options.dtype or None, device)
+    budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
+    kv_dtype = options.kv_dtype or automatic_kv_dtype(req.path, options.dtype or None, device)
+    per_token = kv_bytes_per_token(config, element_size(kv_dtype or options.dtype or None, device))
+    window = effective_window(configured, per_token, slots, budget)
+    if window < min(MIN_WINDOW, configured):
+        raise MemoryError(
+            f"{device} has no room for the KV cache of {slots} sequences: {max(0, budget)} bytes "
+            f"left after the weights and the {limits.min_free_memory}-byte reserve"
+        )
+    windows = slots * -(-window // limits.block_size) * limits.block_size  # positions the sequences may fill
+    return LoadPlan(
+        configured=configured,
+        window=window,
+        kv_dtype=kv_dtype,
+        cache_tokens=prefix_cache_bytes(limits.prefix_cache_bytes, budget - windows * per_token) // per_token,
+        # A GGUF file or an int8 load is never attachable, and loads as usual (attach then says why).
+        attachable=limits.attachable and not options.quantize and Path(req.path).is_dir(),
+    )
+
+
+def new_scheduler(model: LoadedModel, limits: ServingLimits) -> Scheduler:
+    """The scheduler of a loaded model, with a session table when the limits allow sessions."""
+    sessions = None
+    if limits.max_sessions:
+        sessions = SessionTable(
+            model.runner.cache,
+            max_sessions=limits.max_sessions,
+            idle_ttl=limits.session_idle_ttl,
+            watch_grace=limits.watch_grace,
+        )
+    return Scheduler(
+        model.runner,
+        model.tokenizer,
+        max_concurrent=limits.max_concurrent,
+        queue_depth=limits.queue_depth,
+        queue_timeout=limits.queue_timeout,
+        prefill_chunk=limits.prefill_chunk,
+        repetition_span=limits.repetition_span,
+        sessions=sessions,
+    )
