@@ -75,7 +75,7 @@ def allowed_only(
     `rows[i]` (in place), except `exempt[i]` (None: none), which keeps its score.
 
     The bitmask is filled through llguidance's numpy helpers and unpacked here: its torch module applies the mask
-    with torch.compile, and importing it loads the compiler stack (some 120 MB resident in every worker, and
+    with torch.compile, and importing it loads the compiler stack (resident memory in every worker, and
     seconds of start-up) on hosts that never compile; its first call takes seconds on a CPU and needs a C++
     compiler."""
     vocab = scores.shape[1]

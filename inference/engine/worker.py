@@ -71,8 +71,8 @@ class Worker(ModelLoading):
         self.socket = socket
         # A worker that owns its process moves the objects alive at start and after each load (the imports, the
         # models) out of the cyclic collector's reach: they live as long as the worker or their model, and a full
-        # collection walking them paused the stepping loop, and so every stream, for 150-170 ms
-        # (docs/performance.md). What a step allocates is still collected; free_memory unfreezes an unloaded
+        # collection walking them paused the stepping loop, and so every stream, for longer than a step
+        # (docs/performance-log.md). What a step allocates is still collected; free_memory unfreezes an unloaded
         # model's objects before it collects. Off for a worker in a thread of another process (tests).
         self.freeze_heap = freeze_heap
         self.device = device

@@ -20,9 +20,9 @@ def compute_threads() -> int:
     """Intra-op threads for a large model's steps: OMP_NUM_THREADS when set, else every CPU this process may use.
 
     torch's parallel regions wait for all their threads at every op, so on a host where other processes keep the
-    cores busy one preempted thread stalls every op: on this project's 2-core machine, with other work running,
-    two threads decoded the 85M model at 235 ms per step against 37 ms with one. Set OMP_NUM_THREADS=1 (or leave
-    a core free) on such a host; on a quiet one, two threads serve the 85M model ~30% faster (docs/performance.md).
+    cores busy one preempted thread stalls every op, and two threads become several times slower than one. Set
+    OMP_NUM_THREADS=1 (or leave a core free) on such a host; on a quiet one, two threads serve a large model faster
+    (docs/performance-log.md).
     """
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))

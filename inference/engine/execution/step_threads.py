@@ -2,9 +2,8 @@
 (kernels/_elastic_pool.h), chosen per model by the worker.
 
 A small model steps on one thread: its ops take microseconds, less than waking and joining a second thread costs
-(stories260K served 638 tok/s to one stream on one thread, 279 on two). What counts as small is the parameter count,
-not the bytes: a quantized file of a large model is small in bytes, but its matmuls still have the large model's rows
-to share.
+(docs/performance-log.md measured it). What counts as small is the parameter count, not the bytes: a quantized
+file of a large model is small in bytes, but its matmuls still have the large model's rows to share.
 
 A model whose large linear layers all run on the C kernel (GGUF Q4_0 and Q8_0 kept as blocks, float32 where the CPU
 has AVX-512) shares its work through the kernel's elastic pool alone, with torch left on one thread: torch's OpenMP

@@ -10,7 +10,7 @@ operator asks for, or by default the smaller of PREFIX_CACHE_CAP and a PREFIX_CA
 weights, the windows and the reserve: the windows are always guaranteed first, and the default leaves most of the
 free memory to the models loaded after this one (each takes its share of what is left then) and to the host. On a
 CPU the cache costs memory only as it fills (kv_cache.py zeroes a block when it is first used), like llama.cpp's
-host-memory prompt cache (`--cache-ram`, 8 GiB by default).
+host-memory prompt cache (`--cache-ram`).
 """
 
 from __future__ import annotations

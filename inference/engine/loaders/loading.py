@@ -169,9 +169,8 @@ def automatic_kv_dtype(path: str | Path, dtype: str | None, device: str) -> str 
     layers stay quantized (dtype automatic, on the CPU), else None (the weights' dtype).
 
     Such a model has no float weights whose dtype the KV should follow, and a float32 pool would be its largest
-    part: the 85M Q4_0 model's weights are 50 MB, its float32 KV for 32 sequences of 256 positions 604 MB, and
-    decode attention reads it all every step. float16, as llama.cpp keeps its KV by default, halves both
-    (docs/kv-cache.md: how exact)."""
+    part, often ten times its weights at a few dozen sequences, and decode attention reads it all every step.
+    float16, as llama.cpp keeps its KV by default, halves both (docs/kv-cache.md: how exact)."""
     if dtype or torch.device(device).type != "cpu" or checkpoint_format(Path(path)) != "gguf":
         return None
     return "float16" if stored_tensor_types(path) & QUANTIZED_TYPES else None
@@ -220,8 +219,7 @@ def torch_matmuls(model: torch.nn.Module) -> bool:
 def return_freed_memory() -> None:
     """Hands freed heap memory back to the operating system: the float32 copies a load made, an unloaded model.
     glibc keeps freed small and medium blocks for reuse, so without this a 4-bit model's worker stays as large in
-    memory as its float32 expansion was (measured: 1042 MB resident for the 85M Q4_0 model, 875 MB after), and a
-    worker as large as the largest model it ever held. A no-op elsewhere."""
+    memory as its float32 expansion was, and a worker as large as the largest model it ever held. A no-op elsewhere."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

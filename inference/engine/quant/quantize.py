@@ -7,14 +7,12 @@ per 32 values rather than per output row, it is closer to the float weights than
 on the block kernel and through the decode plan (docs/quantized-weights.md). The rest is int8 as below.
 
 On CPU this is dynamic quantization: weights int8 per output channel, prepacked for fbgemm, and each call quantizes
-its activations to uint8 on the fly (`quantized::linear_dynamic`). Measured on this project's 2-core AVX-512 machine
-for a 768x4096 matrix it took 0.09-0.12 ms at 1 row against 0.29 ms in float32, while a weight-only int8 matmul
-(`torch._weight_int8pack_mm`, float activations) took 0.9-1.6 ms: it is not vectorized for float32 on CPU (with
-bfloat16 activations it ties at 1 row and is 3-5x slower than dynamic at 8-32 rows). The price is accuracy: the
-activations are quantized per tensor, so logits move about twice as much as with weight-only int8 (on a random
-2-layer model, 6% relative vs 3%; on stories260K, max 0.8 on logits up to 19). Activations use the full 8 bits where
-the CPU has VNNI (int32 accumulation); elsewhere 7 bits (`reduce_range`, torch's own default), so fbgemm's int16
-pair sums cannot saturate.
+its activations to uint8 on the fly (`quantized::linear_dynamic`). It beats float32 at decode sizes, while a
+weight-only int8 matmul (`torch._weight_int8pack_mm`, float activations) is slower than float32: it is not vectorized
+for float32 on CPU (docs/performance-log.md). The price is accuracy: the activations are quantized per tensor, so
+logits move about twice as much as with weight-only int8 (docs/quantized-weights.md). Activations use the full
+8 bits where the CPU has VNNI (int32 accumulation); elsewhere 7 bits (`reduce_range`, torch's own default), so
+fbgemm's int16 pair sums cannot saturate.
 
 Elsewhere (CUDA) the weights stay int8 in memory and are widened to the activation dtype inside the call.
 

@@ -1,11 +1,11 @@
 """An embedding table kept quantized (CPU), each looked-up row expanded when a step asks for it.
 
 A model's token embedding is a lookup, not a product: a step reads a handful of its rows. Expanded to float32 at load,
-the table of a large vocabulary is most of a small model's memory (Qwen2.5-0.5B's 151,936 x 896 values: 545 MB,
-where its Q4_K_M file holds the whole model in ~400 MB), and llama.cpp keeps it as the file's blocks. So a large
+the table of a large vocabulary is most of a small model's memory (more than its whole quantized file holds),
+and llama.cpp keeps it as the file's blocks. So a large
 quantized table stays quantized, and `forward` expands just the rows asked for, exactly the float32 rows the expanded
 table held:
-- from the file's bytes, one row of blocks per token, with the reader's own decoder (loaders/gguf_dequant.py);
+- from the file's bytes, one row of blocks per token, with the reader's own decoder (quant/gguf_dequant.py);
 - or, where the table is tied to the output head and the head keeps the same blocks (quant/block_quant.py), from the
   head's rows: the table is then held once, not twice.
 stored_quant.KeepQuantized decides which tables are kept so (the small ones stay float32: they cost no memory worth

@@ -1,5 +1,5 @@
 """Which in-memory form a linear layer takes when its checkpoint stores it quantized (any GGUF block type the reader
-decodes, loaders/gguf_dequant.py), on CPU with dtype left automatic: the file's own Q4_0, Q8_0 or K-quant blocks
+decodes, quant/gguf_dequant.py), on CPU with dtype left automatic: the file's own Q4_0, Q8_0 or K-quant blocks
 (quant/block_quant.py), Q8_0 blocks re-encoded from the float expansion, 4-bit codes for torch's int4 kernel
 (quant/int4.py), int8 per output channel (quant/quantize.py's fbgemm layer), or float32 as the file expands to.
 
@@ -58,14 +58,13 @@ FILE_BYTES_TYPES = frozenset({"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q
 BLOCK_FORMS = frozenset(t.lower() for t in FILE_BYTES_TYPES)
 # Below this many weights a float32 layer is faster than the int8 one (the break-even measured at one to eight rows).
 MIN_QUANTIZED_ELEMENTS = 1 << 18
-# From this many values (16 MB in float32) a quantized embedding table keeps the file's rows (stored_embedding.py).
+# From this many values a quantized embedding table keeps the file's rows (stored_embedding.py).
 MIN_STORED_EMBEDDING_ELEMENTS = 1 << 22
 
 
 def int4_kernel_is_fast() -> bool:
     """Whether torch's 4-bit kernel beats fbgemm's int8 one here for the batches a server runs: on a CPU with AMX tiles
-    (Sapphire Rapids: 4.5 against 11-13 ms for the 85M step at one row) but not on AVX-512 BF16 alone (Zen 4: faster
-    at one row, 7.3 against 9.8 ms, slower from a few rows on, 17.4 against 13.3 ms at eight;
+    (Sapphire Rapids) but not on AVX-512 BF16 alone (Zen 4: faster at one row, slower from a few rows on;
     docs/quantized-weights.md)."""
     return torch.cpu._is_amx_tile_supported()
 

@@ -74,7 +74,8 @@ class Command(PantheonCommand):
             loop.add_signal_handler(signum, lambda: self._shut_down(loop, plane, server))
         # Everything built so far (Django, DRF, the apps, the control plane) lives as long as the server. Frozen, the
         # cyclic collector stops walking it: a full collection of the whole heap paused this process's one event
-        # loop for 54-99 ms, stalling every stream and every new request's first token (docs/performance.md).
+        # loop for several decode steps, stalling every stream and every new request's first token
+        # (docs/performance-log.md).
         gc.freeze()
         try:
             server.run()
