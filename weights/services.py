@@ -21,7 +21,13 @@ from django.db import transaction
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import MANIFEST_FILE, CheckpointCorrupt, inspect_checkpoint, read_manifest
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsSnapshot
+from inference.engine.contract.weights import (
+    ServedCheckpoint,
+    WeightsCall,
+    WeightsCode,
+    WeightsOperation,
+    WeightsSnapshot,
+)
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError
@@ -105,9 +111,11 @@ def _holder_placement(router: ModelRouter, model: str) -> ModelPlacement:
     """The attached model, which a holder call (and clear-stale) is for; a `model` it names must be that one."""
     placement = attached_placement(router)
     if placement is None:
-        raise weights_error("NOT_ATTACHED", "nothing is attached")
+        raise weights_error(WeightsCode.NOT_ATTACHED, "nothing is attached")
     if model and model not in (placement.name, placement.weights.served_name):
-        raise weights_error("NOT_ATTACHED", f"nothing is attached to {model!r} ({placement.name!r} is attached)")
+        raise weights_error(
+            WeightsCode.NOT_ATTACHED, f"nothing is attached to {model!r} ({placement.name!r} is attached)"
+        )
     return placement
 
 
@@ -115,13 +123,13 @@ def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
     if (held := attached_placement(router)) is not None:
         info = held.weights.attachment
         raise weights_error(
-            "ALREADY_ATTACHED",
+            WeightsCode.ALREADY_ATTACHED,
             f"{info.role} {info.label!r} is attached ({info.state})",
             details={"role": info.role, "label": info.label, "state": info.state, "attached_at": info.attached_at},
         )
     placement = call_placement(router, name)
     if any(pl.state != "ready" for pl in router.placements().values()) or router.loads_in_progress():
-        raise weights_error("NOT_ATTACHABLE", "a load or an unload is in progress", reason="model_transition")
+        raise weights_error(WeightsCode.NOT_ATTACHABLE, "a load or an unload is in progress", reason="model_transition")
     return placement
 
 
@@ -141,7 +149,7 @@ async def _forward(
     try:
         answer = await router.client.weights_call(placement.name, call, timeout=timeout)
     except EngineError as exc:
-        code = "MODEL_NOT_LOADED" if exc.reason == "model_not_loaded" else "INTERNAL"
+        code = WeightsCode.MODEL_NOT_LOADED if exc.reason == "model_not_loaded" else WeightsCode.INTERNAL
         raise weights_error(code, exc.message) from None
     record.saw(answer.snapshot)
     if isinstance(answer, p.WeightsRefused):
@@ -152,12 +160,12 @@ async def _forward(
 def _save_body(body: dict[str, Any]) -> dict[str, Any]:
     run_id = body.get("run_id", "run")
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
-        raise weights_error("INVALID_REQUEST", "run_id must be 1-100 letters, digits, '.', '_' or '-'")
+        raise weights_error(WeightsCode.INVALID_REQUEST, "run_id must be 1-100 letters, digits, '.', '_' or '-'")
     out: dict[str, Any] = {"run_id": run_id, "root": str(settings.PANTHEON_CHECKPOINT_DIR)}
     if "step" in body:  # without it the barrier continues the lineage's numbering
         step = body["step"]
         if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
-            raise weights_error("INVALID_REQUEST", f"step must be an integer from 0 to {STEP_MAX}")
+            raise weights_error(WeightsCode.INVALID_REQUEST, f"step must be an integer from 0 to {STEP_MAX}")
         out["step"] = step
     return out
 
@@ -169,20 +177,22 @@ def _load_target(body: dict[str, Any]) -> dict[str, Any]:
     if "model_id" in body:
         row_id = body["model_id"]
         if not isinstance(row_id, int) or isinstance(row_id, bool):
-            raise weights_error("INVALID_REQUEST", "model_id must be an integer: a catalogue row's id")
+            raise weights_error(WeightsCode.INVALID_REQUEST, "model_id must be an integer: a catalogue row's id")
         row = CatalogModel.objects.filter(pk=row_id).first() if 0 < row_id <= ROW_ID_MAX else None
         if row is None:
-            raise weights_error("CHECKPOINT_NOT_FOUND", f"no catalogue row has id {row_id}")
+            raise weights_error(WeightsCode.CHECKPOINT_NOT_FOUND, f"no catalogue row has id {row_id}")
         saved = Checkpoint.objects.filter(catalog=row).first()
         if saved is not None:
             return _checkpoint_target(saved)
         return {"path": row.path, "served_name": row.name, "origin": "model", "verify": False}
     wanted = body.get("checkpoint")
     if not isinstance(wanted, str | int) or isinstance(wanted, bool) or wanted == "":
-        raise weights_error("INVALID_REQUEST", "give `checkpoint` (a qualified name, id or path) or `model_id`")
+        raise weights_error(
+            WeightsCode.INVALID_REQUEST, "give `checkpoint` (a qualified name, id or path) or `model_id`"
+        )
     if isinstance(wanted, str) and ("\0" in wanted or len(wanted) > CHECKPOINT_REF_MAX):
         message = f"`checkpoint` must be a name or a path: at most {CHECKPOINT_REF_MAX} characters, no NUL"
-        raise weights_error("INVALID_REQUEST", message)
+        raise weights_error(WeightsCode.INVALID_REQUEST, message)
     saved = Checkpoint.objects.filter(name=wanted).first() if isinstance(wanted, str) else None
     if saved is None and (isinstance(wanted, int) or wanted.isdecimal()) and 0 < int(wanted) <= ROW_ID_MAX:
         saved = Checkpoint.objects.filter(pk=int(wanted)).first()
@@ -191,7 +201,7 @@ def _load_target(body: dict[str, Any]) -> dict[str, Any]:
         if saved is None:
             return _manifest_target(directory)
     if saved is None:
-        raise weights_error("CHECKPOINT_NOT_FOUND", f"no checkpoint {wanted!r}")
+        raise weights_error(WeightsCode.CHECKPOINT_NOT_FOUND, f"no checkpoint {wanted!r}")
     return _checkpoint_target(saved)
 
 
@@ -221,7 +231,7 @@ def _manifest_target(directory: Path) -> dict[str, Any]:
     try:
         manifest = read_manifest(directory)
     except CheckpointCorrupt as exc:
-        raise weights_error("CHECKPOINT_CORRUPT", str(exc)) from None
+        raise weights_error(WeightsCode.CHECKPOINT_CORRUPT, str(exc)) from None
     checkpoint = ServedCheckpoint.from_manifest(manifest)
     return {
         "path": str(directory),

@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
 from inference.api.methods import only
-from inference.engine.contract.weights import WeightsOperation
+from inference.engine.contract.weights import WeightsCode, WeightsOperation
 from inference.runtime.router import get_router
 from pantheon_site.audit import arecord_audit_event
 from pantheon_site.auth import bearer_secret
@@ -50,9 +50,9 @@ def _body(request) -> dict[str, Any]:
     try:
         body = json.loads(request.body)
     except ValueError:
-        raise weights_error("INVALID_REQUEST", "the body is not JSON") from None
+        raise weights_error(WeightsCode.INVALID_REQUEST, "the body is not JSON") from None
     if not isinstance(body, dict):
-        raise weights_error("INVALID_REQUEST", "the body must be a JSON object")
+        raise weights_error(WeightsCode.INVALID_REQUEST, "the body must be a JSON object")
     return body
 
 
@@ -61,14 +61,14 @@ async def _token(request):
         return await aauthenticate_token(bearer_secret(request))
     except Unauthorized as exc:
         raise weights_error(
-            "WEIGHTS_UNAUTHORIZED", "a valid trainer or operator token is required", reason=exc.reason
+            WeightsCode.WEIGHTS_UNAUTHORIZED, "a valid trainer or operator token is required", reason=exc.reason
         ) from None
 
 
 def _check_role(token, roles: tuple[str, ...]) -> None:
     if token.role not in roles:
         raise weights_error(
-            "WEIGHTS_FORBIDDEN", f"a {token.role} token may not call this route", reason=f"role_{token.role}"
+            WeightsCode.WEIGHTS_FORBIDDEN, f"a {token.role} token may not call this route", reason=f"role_{token.role}"
         )
 
 
@@ -96,9 +96,10 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
     except PantheonError as error:
         if not isinstance(error, ManagementError):
             error = weights_error(
-                "MODEL_NOT_LOADED" if isinstance(error, NoModelsLoaded) else "INTERNAL", error.message
+                WeightsCode.MODEL_NOT_LOADED if isinstance(error, NoModelsLoaded) else WeightsCode.INTERNAL,
+                error.message,
             )
-        token_refused = error.code in ("WEIGHTS_UNAUTHORIZED", "WEIGHTS_FORBIDDEN")
+        token_refused = error.code in (WeightsCode.WEIGHTS_UNAUTHORIZED, WeightsCode.WEIGHTS_FORBIDDEN)
         name = "weights_" + operation.value.replace("-", "_") if token_refused else AUDIT_OPERATION[operation]
         await _audit(name, request, token, record, started, error)
         raise error from None

@@ -27,7 +27,7 @@ import msgspec
 from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
+from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsCode, WeightsSnapshot
 
 
 class ProtocolError(ValueError):
@@ -454,7 +454,7 @@ class WeightsRefused(Message, tag="n"):
     names one (drain_timeout, quiesce_in_progress, gguf, ...), what to tell the caller, and the barrier as it is."""
 
     request_id: str
-    code: str
+    code: WeightsCode
     message: str
     reason: str | None = None
     details: dict[str, Any] = {}

@@ -38,6 +38,40 @@ class WeightsOperation(enum.StrEnum):
     LOAD = "load"
 
 
+class WeightsCode(enum.StrEnum):
+    """Every code a weights refusal carries (the spec's), from the worker's barrier or the control plane's own
+    checks. weights/errors.py gives each its HTTP status; a WEIGHTS_REFUSED whose code is not one of these does not
+    decode, so no unknown code reaches a client."""
+
+    WEIGHTS_UNAUTHORIZED = "WEIGHTS_UNAUTHORIZED"
+    WEIGHTS_FORBIDDEN = "WEIGHTS_FORBIDDEN"
+    NOT_ATTACHMENT_HOLDER = "NOT_ATTACHMENT_HOLDER"
+    NOT_ATTACHED = "NOT_ATTACHED"
+    ALREADY_ATTACHED = "ALREADY_ATTACHED"
+    ALREADY_QUIESCED = "ALREADY_QUIESCED"
+    NOT_QUIESCED = "NOT_QUIESCED"
+    NO_OPEN_COMMIT = "NO_OPEN_COMMIT"
+    WEIGHTS_NOT_CLEAN = "WEIGHTS_NOT_CLEAN"
+    PAUSE_IN_PROGRESS = "PAUSE_IN_PROGRESS"
+    BARRIER_UNAVAILABLE = "BARRIER_UNAVAILABLE"
+    MODEL_BUSY = "MODEL_BUSY"
+    ATTACHMENT_NOT_STALE = "ATTACHMENT_NOT_STALE"
+    SHAPE_MISMATCH = "SHAPE_MISMATCH"
+    CHECKPOINT_EXISTS = "CHECKPOINT_EXISTS"
+    WEIGHTS_UNSAVED = "WEIGHTS_UNSAVED"
+    MODEL_NOT_LOADED = "MODEL_NOT_LOADED"
+    NOT_ATTACHABLE = "NOT_ATTACHABLE"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    CHECKPOINT_CORRUPT = "CHECKPOINT_CORRUPT"
+    CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"
+    NOT_FOUND = "NOT_FOUND"
+    QUEUE_FULL = "QUEUE_FULL"
+    WEIGHTS_TORN = "WEIGHTS_TORN"
+    SAVE_FAILED = "SAVE_FAILED"
+    LOAD_FAILED = "LOAD_FAILED"
+    INTERNAL = "INTERNAL"
+
+
 class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """The spec's timers (WEIGHTS_* settings), sent with every LOAD so the worker runs them."""
 

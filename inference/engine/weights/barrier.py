@@ -30,6 +30,7 @@ from inference.engine.contract.weights import (
     AttachmentInfo,
     ServedCheckpoint,
     WeightsCall,
+    WeightsCode,
     WeightsOperation,
     WeightsSnapshot,
     WeightsTimers,
@@ -66,7 +67,7 @@ class BarrierHost(Protocol):
 class Refusal(Exception):
     """A call refused with the spec's code; `reason` when the spec names one."""
 
-    def __init__(self, code: str, message: str, reason: str | None = None, **details: Any):
+    def __init__(self, code: WeightsCode, message: str, reason: str | None = None, **details: Any):
         super().__init__(message)
         self.code, self.message, self.reason, self.details = code, message, reason, details
 
@@ -75,7 +76,7 @@ class ShapeMismatch(Refusal):
     """The checkpoint's parameters do not fit the resident storages (raised by `BarrierHost.read_checkpoint`)."""
 
     def __init__(self, message: str):
-        super().__init__("SHAPE_MISMATCH", message)
+        super().__init__(WeightsCode.SHAPE_MISMATCH, message)
 
 
 @dataclass(slots=True)
@@ -186,17 +187,19 @@ class WeightsBarrier:
     def _holder(self, call: WeightsCall) -> Attachment:
         attachment = self.attachment
         if attachment is None:
-            raise Refusal("NOT_ATTACHED", f"nothing is attached to {self.served_name!r}")
+            raise Refusal(WeightsCode.NOT_ATTACHED, f"nothing is attached to {self.served_name!r}")
         presented = call.attachment_id or ""
         if not hmac.compare_digest(presented.encode(), attachment.id.encode()) or call.label != attachment.label:
-            raise Refusal("NOT_ATTACHMENT_HOLDER", "this call needs the attachment id and the token that attached")
+            raise Refusal(
+                WeightsCode.NOT_ATTACHMENT_HOLDER, "this call needs the attachment id and the token that attached"
+            )
         return attachment
 
     def _attach(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
         if (held := self.attachment) is not None:
             info = self._attachment_info(held)
             raise Refusal(
-                "ALREADY_ATTACHED",
+                WeightsCode.ALREADY_ATTACHED,
                 f"{held.role} {held.label!r} is attached ({info.state})",
                 role=held.role,
                 label=held.label,
@@ -204,12 +207,14 @@ class WeightsBarrier:
                 attached_at=held.attached_at,
             )
         if self.transition is not None:
-            raise Refusal("NOT_ATTACHABLE", f"a {self.transition.operation} is in progress", "model_transition")
+            raise Refusal(
+                WeightsCode.NOT_ATTACHABLE, f"a {self.transition.operation} is in progress", "model_transition"
+            )
         if self.weights_state == "writing":
             message = "a commit is still open; attach again once the watchdog has torn the set"
-            raise Refusal("NOT_ATTACHABLE", message, "weights_writing")
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, message, "weights_writing")
         if (why := self.host.attach_refusal()) is not None:
-            raise Refusal("NOT_ATTACHABLE", f"model {self.base_name!r} cannot be attached ({why})", why)
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, f"model {self.base_name!r} cannot be attached ({why})", why)
         exported = self.host.export()
         now, mono = self.wall(), self.clock()
         self.attachment = Attachment(secrets.token_urlsafe(24), call.role, call.label, now, now, mono)
@@ -245,15 +250,15 @@ class WeightsBarrier:
     def _quiesce(self, request_id: str, call: WeightsCall) -> dict[str, Any] | None:
         self._holder(call)
         if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}")
         if self.quiescing is not None:
-            raise Refusal("ALREADY_QUIESCED", "a quiesce is still draining", "quiesce_in_progress")
+            raise Refusal(WeightsCode.ALREADY_QUIESCED, "a quiesce is still draining", "quiesce_in_progress")
         if self.barrier == "quiesced":
-            raise Refusal("ALREADY_QUIESCED", "this attachment already holds the barrier")
+            raise Refusal(WeightsCode.ALREADY_QUIESCED, "this attachment already holds the barrier")
         if self.transition is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", f"a {self.transition.operation} holds the barrier")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, f"a {self.transition.operation} holds the barrier")
         if self.host.queue_full():
-            raise Refusal("QUEUE_FULL", f"model {self.served_name!r} has no queue place left to hold")
+            raise Refusal(WeightsCode.QUEUE_FULL, f"model {self.served_name!r} has no queue place left to hold")
         self.host.pause()
         drain = self.timers.quiesce_drain_timeout_s
         self.quiescing = Pending(request_id, WeightsOperation.QUIESCE, deadline=self.clock() + drain)
@@ -277,9 +282,11 @@ class WeightsBarrier:
     def _resume(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
         self._holder(call)
         if self.quiescing is not None:
-            raise Refusal("NOT_QUIESCED", "quiesce is still draining; wait for it to return", "quiesce_in_progress")
+            raise Refusal(
+                WeightsCode.NOT_QUIESCED, "quiesce is still draining; wait for it to return", "quiesce_in_progress"
+            )
         if self.commit is not None and self.weights_state == "writing":
-            raise Refusal("WEIGHTS_NOT_CLEAN", "a commit is open; end it first", "commit_open")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, "a commit is open; end it first", "commit_open")
         if self.barrier == "quiesced" and self.transition is None:
             self._release_hold()
         return {"barrier": self.barrier, "weights_state": self.weights_state}
@@ -291,11 +298,11 @@ class WeightsBarrier:
     def _commit_begin(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
         attachment = self._holder(call)
         if self.barrier != "quiesced":
-            raise Refusal("NOT_QUIESCED", "quiesce before commit-begin")
+            raise Refusal(WeightsCode.NOT_QUIESCED, "quiesce before commit-begin")
         if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}")
         if self.transition is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", f"a {self.transition.operation} holds the barrier")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, f"a {self.transition.operation} holds the barrier")
         self.weights_state = "writing"
         self.commit = Commit(attachment.id, self.wall(), self.clock(), self.host.forward_steps())
         self.hold_deadline = None
@@ -305,9 +312,9 @@ class WeightsBarrier:
         attachment = self._holder(call)
         commit = self.commit
         if commit is None:
-            raise Refusal("NO_OPEN_COMMIT", "no commit is open")
+            raise Refusal(WeightsCode.NO_OPEN_COMMIT, "no commit is open")
         if commit.owner != attachment.id:
-            raise Refusal("NOT_ATTACHMENT_HOLDER", "only the attachment that began the commit may end it")
+            raise Refusal(WeightsCode.NOT_ATTACHMENT_HOLDER, "only the attachment that began the commit may end it")
         commit_ms = (self.clock() - commit.began) * 1000.0
         overran = self.weights_state == "torn" or commit_ms > self._watchdog_ms
         self.host.weights_written()
@@ -342,10 +349,12 @@ class WeightsBarrier:
     def _clear_stale(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
         attachment = self.attachment
         if attachment is None:
-            raise Refusal("NOT_ATTACHED", f"nothing is attached to {self.served_name!r}")
+            raise Refusal(WeightsCode.NOT_ATTACHED, f"nothing is attached to {self.served_name!r}")
         info = self._attachment_info(attachment)
         if info.state != "stale":
-            raise Refusal("ATTACHMENT_NOT_STALE", f"{attachment.label!r} is active; the holder may be mid-commit")
+            raise Refusal(
+                WeightsCode.ATTACHMENT_NOT_STALE, f"{attachment.label!r} is active; the holder may be mid-commit"
+            )
         if self.barrier == "quiesced" and self.commit is None and self.transition is None:
             self._release_hold()
         self.attachment = None
@@ -358,9 +367,11 @@ class WeightsBarrier:
     def _save(self, request_id: str, call: WeightsCall) -> None:
         self._holder(call)
         if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}; a save needs them clean")
+            raise Refusal(
+                WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}; a save needs them clean"
+            )
         if self.transition is not None or self.quiescing is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", "a quiesce, save or load is in progress")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, "a quiesce, save or load is in progress")
         body = dict(call.body)
         body.setdefault("step", self.parent_step + (self.commits or 0))  # the lineage's next number
         pending = Pending(request_id, WeightsOperation.SAVE, body=body, phase="save")
@@ -371,10 +382,12 @@ class WeightsBarrier:
     def _load(self, request_id: str, call: WeightsCall) -> None:
         if self.weights_state == "writing":
             raise Refusal(
-                "WEIGHTS_NOT_CLEAN", "a commit is open; end it (or let the watchdog tear the set) first", "commit_open"
+                WeightsCode.WEIGHTS_NOT_CLEAN,
+                "a commit is open; end it (or let the watchdog tear the set) first",
+                "commit_open",
             )
         if self.transition is not None or self.quiescing is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", "a quiesce, save or load is in progress")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, "a quiesce, save or load is in progress")
         pending = Pending(request_id, WeightsOperation.LOAD, body=dict(call.body), phase="read")
         pending.future = self.executor.submit(self.host.read_checkpoint, pending.body)
         self.transition = pending
@@ -394,7 +407,7 @@ class WeightsBarrier:
                 self.quiescing = None
                 self.host.resume()
                 message = f"running requests did not finish within {self.timers.quiesce_drain_timeout_s:g} s"
-                out.append(self.refused(q.request_id, Refusal("MODEL_BUSY", message, "drain_timeout")))
+                out.append(self.refused(q.request_id, Refusal(WeightsCode.MODEL_BUSY, message, "drain_timeout")))
         if self.transition is not None:
             out += self._advance_transition(now)
         if self.weights_state == "writing" and self.commit is not None and self.transition is None:
@@ -437,7 +450,7 @@ class WeightsBarrier:
                 self.transition = None
                 self._end_pause(pending)
                 message = f"running requests did not finish within {self.timers.quiesce_drain_timeout_s:g} s"
-                return [self.refused(pending.request_id, Refusal("MODEL_BUSY", message, "drain_timeout"))]
+                return [self.refused(pending.request_id, Refusal(WeightsCode.MODEL_BUSY, message, "drain_timeout"))]
             return []
         if not pending.future.done():
             return []
@@ -447,7 +460,7 @@ class WeightsBarrier:
             if self.barrier == "quiesced":
                 self.hold_deadline = self.clock() + self.timers.hold_timeout_s
             if failure is not None:
-                return [self.refused(pending.request_id, _as_refusal(failure, "SAVE_FAILED"))]
+                return [self.refused(pending.request_id, _as_refusal(failure, WeightsCode.SAVE_FAILED))]
             manifest = pending.future.result()
             self.saved_steps = self.steps_since_load
             self.last_save = {
@@ -461,7 +474,7 @@ class WeightsBarrier:
             if failure is not None:
                 if self.barrier == "quiesced":
                     self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-                return [self.refused(pending.request_id, _as_refusal(failure, "LOAD_FAILED"))]
+                return [self.refused(pending.request_id, _as_refusal(failure, WeightsCode.LOAD_FAILED))]
             pending.payload = pending.future.result()
             pending.phase, pending.deadline = "drain", now + self.timers.quiesce_drain_timeout_s
             if self.barrier == "serving":
@@ -473,7 +486,7 @@ class WeightsBarrier:
         if failure is not None:
             out = self._tear()
             self._end_pause(pending)
-            return [*out, self.refused(pending.request_id, _as_refusal(failure, "LOAD_FAILED"))]
+            return [*out, self.refused(pending.request_id, _as_refusal(failure, WeightsCode.LOAD_FAILED))]
         self.host.weights_written()
         self.weights_state, self.commit = "clean", None
         self.steps_since_load = self.saved_steps = 0
@@ -567,7 +580,7 @@ class WeightsBarrier:
         )
 
 
-def _as_refusal(exc: BaseException, code: str) -> Refusal:
+def _as_refusal(exc: BaseException, code: WeightsCode) -> Refusal:
     if isinstance(exc, Refusal):
         return exc
     return Refusal(code, f"{type(exc).__name__}: {exc}")

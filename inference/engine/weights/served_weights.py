@@ -17,6 +17,7 @@ import torch
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.contract.reasons import Reason
+from inference.engine.contract.weights import WeightsCode
 from inference.engine.weights.barrier import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
@@ -101,7 +102,7 @@ class ServedWeights:
     def _views(self):
         views = self.hosted.model.parameters
         if views is None:
-            raise Refusal("NOT_ATTACHABLE", f"model {self.name!r} was not loaded attachable", "allocator")
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, f"model {self.name!r} was not loaded attachable", "allocator")
         return views
 
     def _config(self) -> dict[str, Any] | None:
@@ -124,7 +125,7 @@ class ServedWeights:
             )
         except CheckpointExists as exc:
             raise Refusal(
-                "CHECKPOINT_EXISTS",
+                WeightsCode.CHECKPOINT_EXISTS,
                 f"step {body['step']} of run {body['run_id']!r} is saved already; give another step",
             ) from exc
 
@@ -137,7 +138,7 @@ class ServedWeights:
             try:
                 verify_checkpoint(path)
             except CheckpointCorrupt as exc:
-                raise Refusal("CHECKPOINT_CORRUPT", str(exc)) from exc
+                raise Refusal(WeightsCode.CHECKPOINT_CORRUPT, str(exc)) from exc
         tensors = read_weights(path)
         for name, tensor in tensors.items():
             view = views.views.get(name)
