@@ -16,12 +16,12 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.engine.contract.weights import WeightsCode, WeightsOperation
 from inference.runtime.router import get_router
 from pantheon_site.audit import arecord_audit_event
 from pantheon_site.auth import bearer_secret
 from pantheon_site.errors import ManagementError, NoModelsLoaded, PantheonError, Unauthorized
+from pantheon_site.methods import only
 from pantheon_site.models import Outcome, Role
 from pantheon_site.tokens import aauthenticate_token
 from weights import services

@@ -7,13 +7,13 @@ The work itself is in inference/services/model_lifecycle.py.
 
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.api.model_rows import instance_rows
 from inference.api.operator_auth import admin_route
 from inference.api.serializers import LoadModelSerializer, UnloadModelSerializer, parse_body
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import get_router
 from inference.services.model_lifecycle import LoadRequest, do_load_model, do_unload_model
+from pantheon_site.methods import only
 
 
 @only("GET")

@@ -19,7 +19,6 @@ from typing import Any
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import error_event, millm_model, refused_stream, sse
-from inference.api.methods import only
 from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, admit_all, counted
 from inference.api.refusals import as_api_error
 from inference.api.serializers import CompletionRequest, parse_completion_request, sampling_for_choice
@@ -29,6 +28,7 @@ from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget
+from pantheon_site.methods import only
 
 
 class Choice:

@@ -14,13 +14,13 @@ import struct
 
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.api.refusals import as_api_error
 from inference.api.serializers import parse_embedding_request
 from inference.runtime.generation import EngineError
 from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest
+from pantheon_site.methods import only
 
 
 @only("POST")

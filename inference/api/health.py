@@ -1,15 +1,16 @@
 """GET /: the cheapest route, answering "what am I running?"; GET /api/health/detailed: that, the served models (and
-how far a running load has read) and the weights barrier's summary (docs/schemas/health-detailed.json)."""
+how far a running load has read) and the sections the apps above add, the weights barrier's summary among them
+(docs/schemas/health-detailed.json)."""
 
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
-from inference.api.methods import only
 from inference.api.model_rows import load_progress_fields
 from inference.runtime.engine_client import installed_client
 from inference.runtime.host_probe import backend, build_id, dies_visible
 from inference.runtime.router import installed_router
-from weights.status import health_summary
+from pantheon_site.health_sections import health_sections
+from pantheon_site.methods import only
 
 
 def health_fields() -> dict:
@@ -43,11 +44,9 @@ async def health(request):
 
 @only("GET")
 async def health_detailed(request):
-    """No token: GET /'s fields, every served model's name and state, and the weights summary (weights/status.py)."""
+    """No token: GET /'s fields, every served model's name and state, and the sections the apps above add
+    (pantheon_site/health_sections.py: `weights`, the barrier summary of weights/status.py)."""
     router = installed_router()
-    try:
-        weights = await sync_to_async(health_summary)(router)
-    except Exception as exc:  # the spec: "or error when they could not be read"
-        weights = {"error": f"{type(exc).__name__}: {exc}"}
+    sections = await sync_to_async(health_sections)(router)
     models = [] if router is None else [_model_entry(n, pl) for n, pl in sorted(router.placements().items())]
-    return JsonResponse({**health_fields(), "models": models, "weights": weights})
+    return JsonResponse({**health_fields(), "models": models, **sections})

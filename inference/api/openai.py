@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import CompletionContext, complete, refused_stream, stream_chunks
-from inference.api.methods import only
 from inference.api.model_rows import v1_model_row
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatRequest, parse_chat_request
@@ -28,6 +27,7 @@ from inference.runtime.host_probe import backend, build_id
 from inference.runtime.router import ModelRouter, get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import ContextOverBudget, NoModelsLoaded
+from pantheon_site.methods import only
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MILLM_MODEL_HEADER = "X-miLLM-Model"

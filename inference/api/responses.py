@@ -24,7 +24,6 @@ from django.http import JsonResponse, StreamingHttpResponse
 
 from inference.api.answer_parts import AnswerParts
 from inference.api.completion_bodies import millm_model, sse
-from inference.api.methods import only
 from inference.api.openai import MILLM_MODEL_HEADER, SSE_HEADERS, counted, submit_choices
 from inference.api.refusals import as_api_error
 from inference.api.serializers import ChatCompletionSerializer, chat_request_from, parse_json_object, validated
@@ -35,6 +34,7 @@ from inference.runtime.response_store import StoredResponse, response_store
 from inference.runtime.router import get_router, load_allowed
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
+from pantheon_site.methods import only
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 

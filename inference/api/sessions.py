@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.api.methods import only
 from inference.api.operator_auth import admin_route, client_or_local_actor
 from inference.api.session_requests import (
     parse_estimate_query,
@@ -33,6 +32,7 @@ from inference.api.session_requests import (
 from inference.runtime.router import get_router
 from inference.services import sessions
 from pantheon_site.auth import arequire_client_token
+from pantheon_site.methods import only
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 RAW_BODY = "application/octet-stream"  # a session file's media type, on export's Accept and restore's Content-Type
