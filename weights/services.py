@@ -68,6 +68,16 @@ class CallRecord:
         if snapshot.attachment is not None:
             self.attachment = snapshot.attachment.reference
 
+    def audit_details(self, role: str) -> dict[str, Any]:
+        """The audit event's details (never the attachment id: its 8-character reference)."""
+        return {
+            "role": role,
+            "attachment": self.attachment or None,
+            "weights_state_before": self.state_before,
+            "weights_state": self.state_after,
+            **self.extra,
+        }
+
 
 async def call_barrier(
     router: ModelRouter,
