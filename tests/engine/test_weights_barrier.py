@@ -1,6 +1,6 @@
 """The weights barrier's state machine (engine/weights/barrier.py) on a fake model and a fake clock: every refusal
 code and reason, the check order, and the three timers. The same barrier under a real worker and real HTTP is in
-tests/inference/test_weights_http.py."""
+tests/weights/test_weights_http.py."""
 
 from __future__ import annotations
 

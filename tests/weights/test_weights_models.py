@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from inference.models import CatalogModel
+from pantheon_trainer.client import WeightsClient
 from tests.inference.serving import REPO_ROOT, bearer, operator_client, wait_for
 from tests.inference.session_turns import load
-from tests.inference.weights_calls import Holder, greedy, load_attachable, new_token, status, text, weights_call
-from weights.client import WeightsClient
+from tests.weights.weights_calls import Holder, greedy, load_attachable, new_token, status, text, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
