@@ -22,6 +22,8 @@ from django.db import transaction
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import MANIFEST_FILE, CheckpointCorrupt, inspect_checkpoint, read_manifest
 from inference.engine.contract.weights import (
+    LoadTarget,
+    SaveRequest,
     ServedCheckpoint,
     WeightsCall,
     WeightsCode,
@@ -96,22 +98,22 @@ async def call_barrier(
     if operation is WeightsOperation.ATTACH:
         async with _attach_lock:
             placement = _attach_target(router, model)
-            data = await _forward(router, placement, operation, role, label, attachment_id, {}, record)
+            data = await _forward(router, placement, operation, role, label, attachment_id, None, record)
         data["model"]["model_id"] = await _catalogue_id(placement.weights.base_name)
         return data
     if operation is WeightsOperation.LOAD:
         placement = call_placement(router, model)
         target = await sync_to_async(_load_target)(body)
         data = await _forward(router, placement, operation, role, label, attachment_id, target, record)
-        await sync_to_async(_record_served)(router, placement.name, target)
+        await sync_to_async(_record_served)(router, placement.name, target.path, target.origin)
         return data
     placement = _holder_placement(router, model)
     # only a save's fields travel: the other holder calls take none
-    body = _save_body(body) if operation is WeightsOperation.SAVE else {}
-    data = await _forward(router, placement, operation, role, label, attachment_id, body, record)
+    request = _save_request(body) if operation is WeightsOperation.SAVE else None
+    data = await _forward(router, placement, operation, role, label, attachment_id, request, record)
     if operation is WeightsOperation.SAVE:
         await sync_to_async(_record_checkpoint)(data, placement, label)
-        await sync_to_async(_record_served)(router, placement.name, _checkpoint_target_of(data))
+        await sync_to_async(_record_served)(router, placement.name, data["path"], "checkpoint")
     if operation is WeightsOperation.COMMIT_END:
         record.extra = {"elapsed_ms": data["commit_ms"], "steps": data["steps_since_load"]}
     return data
@@ -150,7 +152,7 @@ async def _forward(
     role: str,
     label: str,
     attachment_id: str | None,
-    body: dict[str, Any],
+    body: SaveRequest | LoadTarget | None,
     record: CallRecord,
 ) -> dict[str, Any]:
     record.saw(placement.weights, before=True)
@@ -167,20 +169,17 @@ async def _forward(
     return answer.data
 
 
-def _save_body(body: dict[str, Any]) -> dict[str, Any]:
+def _save_request(body: dict[str, Any]) -> SaveRequest:
     run_id = body.get("run_id", "run")
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
         raise weights_error(WeightsCode.INVALID_REQUEST, "run_id must be 1-100 letters, digits, '.', '_' or '-'")
-    out: dict[str, Any] = {"run_id": run_id, "root": str(settings.PANTHEON_CHECKPOINT_DIR)}
-    if "step" in body:  # without it the barrier continues the lineage's numbering
-        step = body["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
-            raise weights_error(WeightsCode.INVALID_REQUEST, f"step must be an integer from 0 to {STEP_MAX}")
-        out["step"] = step
-    return out
+    step = body.get("step")  # without one the barrier continues the lineage's numbering
+    if "step" in body and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX):
+        raise weights_error(WeightsCode.INVALID_REQUEST, f"step must be an integer from 0 to {STEP_MAX}")
+    return SaveRequest(run_id=run_id, root=str(settings.PANTHEON_CHECKPOINT_DIR), step=step)
 
 
-def _load_target(body: dict[str, Any]) -> dict[str, Any]:
+def _load_target(body: dict[str, Any]) -> LoadTarget:
     """What POST /load writes in place: a checkpoint (by qualified name, id or directory; verified against its
     manifest before anything is touched) or a catalogue row (`model_id`). 400 INVALID_REQUEST for a field of the
     wrong type, 404 CHECKPOINT_NOT_FOUND for one that names nothing."""
@@ -194,7 +193,7 @@ def _load_target(body: dict[str, Any]) -> dict[str, Any]:
         saved = Checkpoint.objects.filter(catalog=row).first()
         if saved is not None:
             return _checkpoint_target(saved)
-        return {"path": row.path, "served_name": row.name, "origin": "model", "verify": False}
+        return LoadTarget(path=row.path, served_name=row.name, origin="model")
     wanted = body.get("checkpoint")
     if not isinstance(wanted, str | int) or isinstance(wanted, bool) or wanted == "":
         raise weights_error(
@@ -224,47 +223,42 @@ def _checkpoint_dir(wanted: str) -> Path | None:
         return None
 
 
-def _checkpoint_target(saved: Checkpoint) -> dict[str, Any]:
-    return {
-        "path": saved.path,
-        "served_name": saved.name,
-        "origin": "checkpoint",
-        "manifest_hash": saved.weights_sha256,
-        "parent": saved.parent.name if saved.parent else None,
-        "step": saved.step,
-        "verify": True,
-    }
+def _checkpoint_target(saved: Checkpoint) -> LoadTarget:
+    return LoadTarget(
+        path=saved.path,
+        served_name=saved.name,
+        origin="checkpoint",
+        manifest_hash=saved.weights_sha256,
+        parent=saved.parent.name if saved.parent else None,
+        step=saved.step,
+        verify=True,
+    )
 
 
-def _manifest_target(directory: Path) -> dict[str, Any]:
+def _manifest_target(directory: Path) -> LoadTarget:
     """A checkpoint directory no row records (copied from elsewhere): what its manifest says."""
     try:
         manifest = read_manifest(directory)
     except CheckpointCorrupt as exc:
         raise weights_error(WeightsCode.CHECKPOINT_CORRUPT, str(exc)) from None
     checkpoint = ServedCheckpoint.from_manifest(manifest)
-    return {
-        "path": str(directory),
-        "served_name": checkpoint.name or directory.name,
-        "origin": "checkpoint",
-        "step": checkpoint.step,
-        "verify": True,
-    }
+    return LoadTarget(
+        path=str(directory),
+        served_name=checkpoint.name or directory.name,
+        origin="checkpoint",
+        step=checkpoint.step,
+        verify=True,
+    )
 
 
-def _checkpoint_target_of(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A save's manifest as the load target it now is (what the served weights are)."""
-    return {"path": manifest["path"], "origin": "checkpoint"}
-
-
-def _record_served(router: ModelRouter, name: str, target: dict[str, Any]) -> None:
+def _record_served(router: ModelRouter, name: str, path: str, origin: str) -> None:
     """What `name` serves since a save or a weights load, kept where a restart and a crash reload find it: the
     catalogue row (the checkpoint directory; none when the row's own weights, or another model's, were loaded) and
     the placement's load."""
-    checkpoint = target["path"] if target["origin"] == "checkpoint" else ""
+    checkpoint = path if origin == "checkpoint" else ""
     CatalogModel.objects.filter(name=name).update(served_checkpoint=checkpoint)
     served = ServedCheckpoint.from_manifest(read_manifest(checkpoint)) if checkpoint else None
-    router.client.serve_weights_from(name, target["path"], served)
+    router.client.serve_weights_from(name, path, served)
 
 
 def _record_checkpoint(manifest: dict[str, Any], placement: ModelPlacement, label: str) -> None:

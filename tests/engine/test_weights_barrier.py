@@ -9,7 +9,14 @@ from concurrent.futures import Future
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsTimers
+from inference.engine.contract.weights import (
+    LoadTarget,
+    SaveRequest,
+    ServedCheckpoint,
+    WeightsCall,
+    WeightsOperation,
+    WeightsTimers,
+)
 from inference.engine.weights.barrier import ShapeMismatch, WeightsBarrier
 
 Op = WeightsOperation
@@ -95,13 +102,13 @@ class FakeModel:
     def export(self):
         return {"producer": {}, "storages": [], "parameters": [], "pinned_bytes": 0, "config": None}
 
-    def save(self, body, parent, base_name):
-        step = body["step"]
-        name = f"{base_name}:{body['run_id']}:step-{step}"
+    def save(self, request, parent, base_name):
+        step = request.step
+        name = f"{base_name}:{request.run_id}:step-{step}"
         return {"name": name, "step": step, "weights_sha256": "ab" * 32, "path": "/x"}
 
-    def read_checkpoint(self, body):
-        if body.get("mismatch"):
+    def read_checkpoint(self, target):
+        if target.path == "/mismatch":
             raise ShapeMismatch("w does not fit")
         return {"w": 2.0}
 
@@ -119,17 +126,24 @@ def rig():
     return barrier, model, clock
 
 
-def call(barrier, op, attachment=None, label="t", role="trainer", **body):
-    (answer,) = barrier.handle(
-        "c", WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
-    )
+def weights_call(op, attachment=None, label="t", role="trainer", **fields) -> WeightsCall:
+    """The call the control plane sends: a save carries a SaveRequest, a load a LoadTarget, the others nothing."""
+    body = None
+    if op is Op.SAVE:
+        body = SaveRequest(root="/ckpt", **fields)
+    elif op is Op.LOAD:
+        body = LoadTarget(**fields)
+    return WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
+
+
+def call(barrier, *args, **fields):
+    (answer,) = barrier.handle("c", weights_call(*args, **fields))
     return answer
 
 
-def run(barrier, op, attachment=None, label="t", role="trainer", **body) -> list[p.Message]:
+def run(barrier, *args, **fields) -> list[p.Message]:
     """A call answered later (save, load): what handle() and then tick() sent."""
-    call_ = WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
-    return barrier.handle("c", call_) + barrier.tick()
+    return barrier.handle("c", weights_call(*args, **fields)) + barrier.tick()
 
 
 def ok(answer) -> dict:
@@ -322,7 +336,7 @@ def test_a_load_restores_a_torn_set_and_resets_the_counters(rig):
 
 def test_a_load_that_does_not_fit_changes_nothing_and_one_that_fails_partway_tears(rig):
     barrier, model, clock = rig
-    (refused,) = run(barrier, Op.LOAD, path="/c", mismatch=True, served_name="x")
+    (refused,) = run(barrier, Op.LOAD, path="/mismatch", served_name="x")
     assert code(refused) == ("SHAPE_MISMATCH", None) and barrier.weights_state == "clean" and not model.paused
     model.fail_write = True
     out = run(barrier, Op.LOAD, path="/c", served_name="x")
@@ -412,7 +426,7 @@ def test_a_save_in_progress_holds_the_barrier_against_quiesce_commit_and_load(ri
     barrier.executor = work = Deferred()
     aid = attached(barrier)
     ok(call(barrier, Op.QUIESCE, aid))
-    assert barrier.handle("s", WeightsCall(operation=Op.SAVE, label="t", attachment_id=aid, body={"run_id": "r"})) == []
+    assert barrier.handle("s", weights_call(Op.SAVE, aid, run_id="r")) == []
     assert code(call(barrier, Op.COMMIT_BEGIN, aid)) == ("PAUSE_IN_PROGRESS", None)
     assert code(call(barrier, Op.SAVE, aid, run_id="r")) == ("PAUSE_IN_PROGRESS", None)
     assert code(call(barrier, Op.LOAD, path="/c", served_name="x")) == ("PAUSE_IN_PROGRESS", None)

@@ -151,12 +151,36 @@ class WeightsSnapshot(msgspec.Struct, array_like=True, kw_only=True):
     forward_steps: int  # the scheduler's forward passes so far
 
 
+class SaveRequest(msgspec.Struct, tag="save", array_like=True, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a save writes: `root`/<run_id>/step-<step>/ (root: the control plane's checkpoint folder). Without a
+    step the barrier continues the lineage's numbering."""
+
+    run_id: str
+    root: str
+    step: int | None = None
+
+
+class LoadTarget(msgspec.Struct, tag="load", array_like=True, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a weights load writes in place (weights/services.py decides it): the directory, the name the weights
+    then answer under and where they come from; for a checkpoint its manifest hash, parent and step, and whether its
+    sha256 is verified before anything is touched."""
+
+    path: str
+    served_name: str
+    origin: Origin = "model"
+    manifest_hash: str | None = None
+    parent: str | None = None
+    step: int = 0
+    verify: bool = False
+
+
 class WeightsCall(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
     """What travels inside a WEIGHTS_CALL message (see messages.py): the operation, who asks (the token's role and
-    label, already checked by the control plane), the attachment id they presented, and the body."""
+    label, already checked by the control plane), the attachment id they presented, and what a save or a load
+    writes (the other calls take nothing)."""
 
     operation: WeightsOperation
     role: str = ""
     label: str = ""
     attachment_id: str | None = None
-    body: dict[str, Any] = {}
+    body: SaveRequest | LoadTarget | None = None

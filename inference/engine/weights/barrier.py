@@ -16,14 +16,12 @@ call was sent.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from concurrent.futures import Executor
+from typing import Any
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.weights import (
@@ -35,6 +33,10 @@ from inference.engine.contract.weights import (
     WeightsSnapshot,
     WeightsTimers,
 )
+from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal, ShapeMismatch
+from inference.engine.weights.barrier_transitions import SaveAndLoad
+
+__all__ = ["BarrierHost", "Refusal", "ShapeMismatch", "WeightsBarrier"]
 
 RELEASE_CONTRACT = (
     "rebuild each storage exactly once and take every parameter as a view of it; to release, drop every rebuilt "
@@ -42,82 +44,7 @@ RELEASE_CONTRACT = (
 )
 
 
-class BarrierHost(Protocol):
-    """What the barrier needs of the model it guards (HostedModel provides it)."""
-
-    name: str
-
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def running(self) -> int: ...
-    def waiting(self) -> int: ...
-    def queue_full(self) -> bool: ...
-    def forward_steps(self) -> int: ...
-    def drop_caches(self) -> None: ...
-    def weights_written(self) -> None: ...
-    def refuse_waiting(self, message: str) -> list[p.Message]: ...
-    def attach_refusal(self) -> str | None: ...
-    def layout(self) -> str | None: ...
-    def export(self) -> dict[str, Any]: ...
-    def save(self, body: dict[str, Any], parent: str | None, base_name: str) -> dict[str, Any]: ...
-    def read_checkpoint(self, body: dict[str, Any]) -> Any: ...
-    def write_weights(self, tensors: Any) -> None: ...
-
-
-class Refusal(Exception):
-    """A call refused with the spec's code; `reason` when the spec names one."""
-
-    def __init__(self, code: WeightsCode, message: str, reason: str | None = None, **details: Any):
-        super().__init__(message)
-        self.code, self.message, self.reason, self.details = code, message, reason, details
-
-
-class ShapeMismatch(Refusal):
-    """The checkpoint's parameters do not fit the resident storages (raised by `BarrierHost.read_checkpoint`)."""
-
-    def __init__(self, message: str):
-        super().__init__(WeightsCode.SHAPE_MISMATCH, message)
-
-
-@dataclass(slots=True)
-class Attachment:
-    id: str
-    role: str
-    label: str
-    attached_at: float
-    last_heartbeat_at: float  # wall clock, for status
-    last_heartbeat: float  # monotonic, for the timeout
-    reported_stale: bool = False
-
-    @property
-    def reference(self) -> str:
-        """8 characters that name the attachment in the audit log without giving its id away."""
-        return hashlib.sha256(self.id.encode()).hexdigest()[:8]
-
-
-@dataclass(slots=True)
-class Commit:
-    owner: str  # the attachment id that began it
-    began_at: float
-    began: float  # monotonic
-    forward_steps: int  # the scheduler's counter when it began (a test asserts it does not move)
-
-
-@dataclass(slots=True)
-class Pending:
-    """A call answered later: a quiesce draining, a save or a load running on the executor."""
-
-    request_id: str
-    operation: WeightsOperation
-    deadline: float = 0.0  # for a drain
-    future: Future | None = None
-    body: dict[str, Any] = field(default_factory=dict)
-    phase: str = "drain"  # load: "read" -> "drain" -> "write"; quiesce: "drain"; save: "save"
-    payload: Any = None
-    paused_here: bool = False  # whether this call paused serving (and so resumes it when it ends)
-
-
-class WeightsBarrier:
+class WeightsBarrier(SaveAndLoad):
     """One model's barrier. `wall` and `clock` are injectable for tests (time.time and time.monotonic)."""
 
     def __init__(
@@ -364,35 +291,6 @@ class WeightsBarrier:
             "barrier": self.barrier,
         }
 
-    def _save(self, request_id: str, call: WeightsCall) -> None:
-        self._holder(call)
-        if self.weights_state != "clean":
-            raise Refusal(
-                WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}; a save needs them clean"
-            )
-        if self.transition is not None or self.quiescing is not None:
-            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, "a quiesce, save or load is in progress")
-        body = dict(call.body)
-        body.setdefault("step", self.parent_step + (self.commits or 0))  # the lineage's next number
-        pending = Pending(request_id, WeightsOperation.SAVE, body=body, phase="save")
-        pending.future = self.executor.submit(self.host.save, body, self.parent, self.base_name)
-        self.transition = pending
-        self.hold_deadline = None
-
-    def _load(self, request_id: str, call: WeightsCall) -> None:
-        if self.weights_state == "writing":
-            raise Refusal(
-                WeightsCode.WEIGHTS_NOT_CLEAN,
-                "a commit is open; end it (or let the watchdog tear the set) first",
-                "commit_open",
-            )
-        if self.transition is not None or self.quiescing is not None:
-            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, "a quiesce, save or load is in progress")
-        pending = Pending(request_id, WeightsOperation.LOAD, body=dict(call.body), phase="read")
-        pending.future = self.executor.submit(self.host.read_checkpoint, pending.body)
-        self.transition = pending
-        self.hold_deadline = None
-
     # -- what happens between calls -------------------------------------------------------------------------------
 
     def tick(self) -> list[p.Message]:
@@ -436,83 +334,6 @@ class WeightsBarrier:
         if self.quiescing is not None or self.transition is not None:
             times.append(self.clock())
         return min(times) if times else None
-
-    def _advance_transition(self, now: float) -> list[p.Message]:
-        pending = self.transition
-        if pending.phase == "drain":
-            if not self.host.running():
-                self.host.drop_caches()
-                self.weights_state = "writing"
-                pending.phase = "write"
-                pending.future = self.executor.submit(self.host.write_weights, pending.payload)
-                return self._advance_transition(now)
-            if now >= pending.deadline:
-                self.transition = None
-                self._end_pause(pending)
-                message = f"running requests did not finish within {self.timers.quiesce_drain_timeout_s:g} s"
-                return [self.refused(pending.request_id, Refusal(WeightsCode.MODEL_BUSY, message, "drain_timeout"))]
-            return []
-        if not pending.future.done():
-            return []
-        self.transition = None
-        failure = pending.future.exception()
-        if pending.phase == "save":
-            if self.barrier == "quiesced":
-                self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-            if failure is not None:
-                return [self.refused(pending.request_id, _as_refusal(failure, WeightsCode.SAVE_FAILED))]
-            manifest = pending.future.result()
-            self.saved_steps = self.steps_since_load
-            self.last_save = {
-                "checkpoint_sha256": manifest["weights_sha256"],
-                "at": self.wall(),
-                "path": manifest["path"],
-            }
-            self._name_weights(manifest["name"], "checkpoint", manifest["weights_sha256"], manifest["step"])
-            return [self.reply(pending.request_id, manifest)]
-        if pending.phase == "read":
-            if failure is not None:
-                if self.barrier == "quiesced":
-                    self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-                return [self.refused(pending.request_id, _as_refusal(failure, WeightsCode.LOAD_FAILED))]
-            pending.payload = pending.future.result()
-            pending.phase, pending.deadline = "drain", now + self.timers.quiesce_drain_timeout_s
-            if self.barrier == "serving":
-                pending.paused_here = True
-                self.host.pause()
-            self.transition = pending
-            return self._advance_transition(now)
-        # the write ended: clean with the new weights, or torn when it broke off partway
-        if failure is not None:
-            out = self._tear()
-            self._end_pause(pending)
-            return [*out, self.refused(pending.request_id, _as_refusal(failure, WeightsCode.LOAD_FAILED))]
-        self.host.weights_written()
-        self.weights_state, self.commit = "clean", None
-        self.steps_since_load = self.saved_steps = 0
-        body = pending.body
-        self.parent, self.parent_step = body.get("parent"), 0
-        origin = body.get("origin", "model")
-        self._name_weights(body["served_name"], origin, body.get("manifest_hash"), body.get("step", 0))
-        self._end_pause(pending)
-        return [
-            self.reply(
-                pending.request_id, {"weights_state": "clean", "served_name": self.served_name, "steps_since_load": 0}
-            )
-        ]
-
-    def _end_pause(self, pending: Pending) -> None:
-        if pending.paused_here:
-            self.host.resume()
-        elif self.barrier == "quiesced":
-            self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-
-    def _name_weights(self, served_name: str, origin: str, manifest_hash: str | None, step: int = 0) -> None:
-        """The served weights now answer under `served_name` (a checkpoint's: saved or loaded as step `step`);
-        commits count again from here."""
-        if origin == "checkpoint":
-            self.parent, self.parent_step = served_name, step
-        self.served_name, self.origin, self.manifest_hash, self.commits = served_name, origin, manifest_hash, 0
 
     def _tear(self) -> list[p.Message]:
         """The weights are half-written: nothing is served until a load restores them; held requests are refused."""
@@ -578,9 +399,3 @@ class WeightsBarrier:
             layout=self.host.layout(),
             forward_steps=self.host.forward_steps(),
         )
-
-
-def _as_refusal(exc: BaseException, code: WeightsCode) -> Refusal:
-    if isinstance(exc, Refusal):
-        return exc
-    return Refusal(code, f"{type(exc).__name__}: {exc}")

@@ -17,8 +17,8 @@ import torch
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.contract.reasons import Reason
-from inference.engine.contract.weights import WeightsCode
-from inference.engine.weights.barrier import Refusal, ShapeMismatch
+from inference.engine.contract.weights import LoadTarget, SaveRequest, WeightsCode
+from inference.engine.weights.barrier_state import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
     read_weights,
@@ -110,31 +110,31 @@ class ServedWeights:
         file = Path(self.hosted.model.path) / "config.json"
         return json.loads(file.read_text()) if file.is_file() else None
 
-    def save(self, body: dict[str, Any], parent: str | None, base_name: str) -> dict[str, Any]:
+    def save(self, request: SaveRequest, parent: str | None, base_name: str) -> dict[str, Any]:
         model = self.hosted.model
         source = Path(model.path)
         try:
             return save_checkpoint(
                 self._views(),
                 source_dir=source if source.is_dir() else source.parent,
-                root=Path(body["root"]),
-                run_id=body["run_id"],
-                step=int(body["step"]),
+                root=Path(request.root),
+                run_id=request.run_id,
+                step=int(request.step),
                 parent=parent,
                 base_model=base_name,
             )
         except CheckpointExists as exc:
             raise Refusal(
                 WeightsCode.CHECKPOINT_EXISTS,
-                f"step {body['step']} of run {body['run_id']!r} is saved already; give another step",
+                f"step {request.step} of run {request.run_id!r} is saved already; give another step",
             ) from exc
 
-    def read_checkpoint(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def read_checkpoint(self, target: LoadTarget) -> dict[str, torch.Tensor]:
         """The tensors to write, checked before anything is touched: the manifest's sha256 (a checkpoint), then
         every name and shape against the resident parameters."""
         views = self._views()
-        path = Path(body["path"])
-        if body.get("verify"):
+        path = Path(target.path)
+        if target.verify:
             try:
                 verify_checkpoint(path)
             except CheckpointCorrupt as exc:
