@@ -29,6 +29,7 @@ from inference.engine.contract.weights import (
     WeightsCode,
     WeightsOperation,
     WeightsSnapshot,
+    answer_fields,
 )
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
@@ -166,7 +167,7 @@ async def _forward(
     record.saw(answer.snapshot)
     if isinstance(answer, p.WeightsRefused):
         raise weights_error(answer.code, answer.message, reason=answer.reason, details=answer.details)
-    return answer.data
+    return answer_fields(answer.data)
 
 
 def _save_request(body: dict[str, Any]) -> SaveRequest:

@@ -16,6 +16,7 @@ from inference.engine.contract.weights import (
     WeightsCall,
     WeightsOperation,
     WeightsTimers,
+    answer_fields,
 )
 from inference.engine.weights.barrier import ShapeMismatch, WeightsBarrier
 
@@ -105,7 +106,16 @@ class FakeModel:
     def save(self, request, parent, base_name):
         step = request.step
         name = f"{base_name}:{request.run_id}:step-{step}"
-        return {"name": name, "step": step, "weights_sha256": "ab" * 32, "path": "/x"}
+        return {
+            "run_id": request.run_id,
+            "step": step,
+            "parent": parent,
+            "base_model": base_name,
+            "weights_sha256": "ab" * 32,
+            "created_at": "2026-01-01T00:00:00.000+00:00",
+            "name": name,
+            "path": "/x",
+        }
 
     def read_checkpoint(self, target):
         if target.path == "/mismatch":
@@ -148,7 +158,7 @@ def run(barrier, *args, **fields) -> list[p.Message]:
 
 def ok(answer) -> dict:
     assert isinstance(answer, p.WeightsReply), answer
-    return answer.data
+    return answer_fields(p.decode_from_worker(p.encode(answer)).data)  # as the control plane reads it
 
 
 def code(answer) -> tuple[str, str | None]:
@@ -218,7 +228,7 @@ def test_a_quiesce_waits_for_running_sequences_and_resume_meanwhile_is_refused(r
     assert barrier.tick() == []
     model.run = 0
     (reply,) = barrier.tick()
-    assert reply.request_id == "q" and reply.data["held_requests"] == 2 and barrier.barrier == "quiesced"
+    assert reply.request_id == "q" and reply.data.held_requests == 2 and barrier.barrier == "quiesced"
 
 
 def test_a_drain_past_its_timeout_is_model_busy_and_holds_nothing(rig):

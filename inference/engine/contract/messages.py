@@ -27,7 +27,7 @@ import msgspec
 from inference.engine.contract.params import TOP_LOGPROBS_LIMIT, LoadOptions, SamplingParams, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.tool_dialect import DEFAULT_DIALECT, ToolDialect, ToolGrammarMode
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsCode, WeightsSnapshot
+from inference.engine.contract.weights import Answer, ServedCheckpoint, WeightsCall, WeightsCode, WeightsSnapshot
 
 
 class ProtocolError(ValueError):
@@ -442,10 +442,10 @@ class Embeddings(Message, tag="m"):
 
 
 class WeightsReply(Message, tag="k"):
-    """A weights call carried out: the route's `data`, and the barrier after it."""
+    """A weights call carried out: what it answers (the route's `data`), and the barrier after it."""
 
     request_id: str
-    data: dict[str, Any]
+    data: Answer
     snapshot: WeightsSnapshot
 
 

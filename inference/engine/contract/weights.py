@@ -184,3 +184,119 @@ class WeightsCall(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_
     label: str = ""
     attachment_id: str | None = None
     body: SaveRequest | LoadTarget | None = None
+
+
+# -- what a call answers (WEIGHTS_REPLY's `data`; the route's `data`, as answer_fields gives it) -----------------
+
+
+class WeightsAnswer(msgspec.Struct, kw_only=True, tag_field="answer", tag=str.lower):
+    """The base of every answer: tagged by its class's name, so WEIGHTS_REPLY decodes the right one."""
+
+
+class ResidentWeights(msgspec.Struct, kw_only=True):
+    name: str  # the base model's served name
+    manifest_hash: str | None
+
+
+class HeartbeatTimers(msgspec.Struct, kw_only=True):
+    timeout_s: float
+    interval_hint_s: float
+
+
+class Release(msgspec.Struct, kw_only=True):
+    pinned_bytes: int
+    contract: str
+
+
+class Attached(WeightsAnswer):
+    """ATTACH: the attachment id (given once, here), and every served parameter as a view of a storage the trainer
+    maps (engine/weights/handles.py: `storages`, `parameters`, `producer`)."""
+
+    attachment_id: str
+    model: ResidentWeights
+    weights_state: WeightsState
+    steps_since_load: int
+    heartbeat: HeartbeatTimers
+    producer: dict[str, Any]
+    storages: list[dict[str, Any]]
+    parameters: list[dict[str, Any]]
+    release: Release
+    config: dict[str, Any] | None
+    layout: str | None
+
+
+class HeartbeatAnswer(WeightsAnswer):
+    attachment_state: AttachmentState
+    timeout_s: float
+    interval_hint_s: float
+    weights_state: WeightsState
+
+
+class Quiesced(WeightsAnswer):
+    held_requests: int
+    held_batch_chunks: int
+    weights_state: WeightsState
+    quiesced_at: float
+    hold_deadline: float
+
+
+class BarrierAnswer(WeightsAnswer):
+    """RESUME and DETACH: the barrier and the weights as the call left them."""
+
+    barrier: BarrierState
+    weights_state: WeightsState
+
+
+class CommitBegun(WeightsAnswer):
+    weights_state: WeightsState
+    began_at: float
+    watchdog_ms: float
+
+
+class CommitEnded(WeightsAnswer):
+    weights_state: WeightsState
+    steps_since_load: int
+    commit_ms: float
+    overran: bool
+    forward_steps_during_commit: int
+
+
+class ClearedAttachment(msgspec.Struct, kw_only=True):
+    role: str
+    label: str
+    stale_since: float | None
+
+
+class Cleared(WeightsAnswer):
+    cleared: ClearedAttachment
+    weights_state: WeightsState
+    barrier: BarrierState
+
+
+class Saved(WeightsAnswer):
+    """SAVE: the checkpoint's manifest (engine/weights/checkpoint_files.py) and where it was written."""
+
+    run_id: str
+    step: int
+    parent: str | None
+    base_model: str
+    weights_sha256: str
+    created_at: str
+    name: str
+    path: str
+
+
+class Loaded(WeightsAnswer):
+    weights_state: WeightsState
+    served_name: str
+    steps_since_load: int
+
+
+Answer = Attached | HeartbeatAnswer | Quiesced | BarrierAnswer | CommitBegun | CommitEnded | Cleared | Saved | Loaded
+
+
+def answer_fields(answer: WeightsAnswer) -> dict[str, Any]:
+    """An answer as the route's `data`: its fields, without the tag that only the wire needs."""
+    fields = msgspec.to_builtins(answer)
+    del fields["answer"]
+    return fields

@@ -25,7 +25,19 @@ from typing import Any
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.weights import (
+    Answer,
+    Attached,
     AttachmentInfo,
+    BarrierAnswer,
+    Cleared,
+    ClearedAttachment,
+    CommitBegun,
+    CommitEnded,
+    HeartbeatAnswer,
+    HeartbeatTimers,
+    Quiesced,
+    Release,
+    ResidentWeights,
     ServedCheckpoint,
     WeightsCall,
     WeightsCode,
@@ -98,7 +110,7 @@ class WeightsBarrier(SaveAndLoad):
             return [self.refused(request_id, refusal)]
         return [] if data is None else [self.reply(request_id, data)]
 
-    def reply(self, request_id: str, data: dict[str, Any]) -> p.WeightsReply:
+    def reply(self, request_id: str, data: Answer) -> p.WeightsReply:
         return p.WeightsReply(request_id=request_id, data=data, snapshot=self.snapshot())
 
     def refused(self, request_id: str, refusal: Refusal) -> p.WeightsRefused:
@@ -122,7 +134,7 @@ class WeightsBarrier(SaveAndLoad):
             )
         return attachment
 
-    def _attach(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _attach(self, request_id: str, call: WeightsCall) -> Attached:
         if (held := self.attachment) is not None:
             info = self._attachment_info(held)
             raise Refusal(
@@ -146,35 +158,34 @@ class WeightsBarrier(SaveAndLoad):
         now, mono = self.wall(), self.clock()
         self.attachment = Attachment(secrets.token_urlsafe(24), call.role, call.label, now, now, mono)
         self.exports_since_start += 1
-        return {
-            "attachment_id": self.attachment.id,
-            "model": {"name": self.base_name, "manifest_hash": self.manifest_hash},
-            "weights_state": self.weights_state,
-            "steps_since_load": self.steps_since_load,
-            "heartbeat": {
-                "timeout_s": self.timers.heartbeat_timeout_s,
-                "interval_hint_s": self.timers.heartbeat_interval_hint_s,
-            },
-            "producer": exported["producer"],
-            "storages": exported["storages"],
-            "parameters": exported["parameters"],
-            "release": {"pinned_bytes": exported["pinned_bytes"], "contract": RELEASE_CONTRACT},
-            "config": exported["config"],
-            "layout": self.host.layout(),
-        }
+        return Attached(
+            attachment_id=self.attachment.id,
+            model=ResidentWeights(name=self.base_name, manifest_hash=self.manifest_hash),
+            weights_state=self.weights_state,
+            steps_since_load=self.steps_since_load,
+            heartbeat=HeartbeatTimers(
+                timeout_s=self.timers.heartbeat_timeout_s, interval_hint_s=self.timers.heartbeat_interval_hint_s
+            ),
+            producer=exported["producer"],
+            storages=exported["storages"],
+            parameters=exported["parameters"],
+            release=Release(pinned_bytes=exported["pinned_bytes"], contract=RELEASE_CONTRACT),
+            config=exported["config"],
+            layout=self.host.layout(),
+        )
 
-    def _heartbeat(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _heartbeat(self, request_id: str, call: WeightsCall) -> HeartbeatAnswer:
         attachment = self._holder(call)
         attachment.last_heartbeat_at, attachment.last_heartbeat = self.wall(), self.clock()
         attachment.reported_stale = False
-        return {
-            "attachment_state": "active",
-            "timeout_s": self.timers.heartbeat_timeout_s,
-            "interval_hint_s": self.timers.heartbeat_interval_hint_s,
-            "weights_state": self.weights_state,
-        }
+        return HeartbeatAnswer(
+            attachment_state="active",
+            timeout_s=self.timers.heartbeat_timeout_s,
+            interval_hint_s=self.timers.heartbeat_interval_hint_s,
+            weights_state=self.weights_state,
+        )
 
-    def _quiesce(self, request_id: str, call: WeightsCall) -> dict[str, Any] | None:
+    def _quiesce(self, request_id: str, call: WeightsCall) -> Quiesced | None:
         self._holder(call)
         if self.weights_state != "clean":
             raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}")
@@ -191,22 +202,22 @@ class WeightsBarrier(SaveAndLoad):
         self.quiescing = Pending(request_id, WeightsOperation.QUIESCE, deadline=self.clock() + drain)
         return self._finish_quiesce() if not self.host.running() else None
 
-    def _finish_quiesce(self) -> dict[str, Any]:
+    def _finish_quiesce(self) -> Quiesced:
         """Nothing runs any more: drop what the old weights computed, hold, start the hold timer."""
         self.quiescing = None
         self.host.drop_caches()
         self.barrier = "quiesced"
         self.quiesced_at = self.wall()
         self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-        return {
-            "held_requests": self.host.waiting(),
-            "held_batch_chunks": 0,
-            "weights_state": self.weights_state,
-            "quiesced_at": self.quiesced_at,
-            "hold_deadline": self.quiesced_at + self.timers.hold_timeout_s,
-        }
+        return Quiesced(
+            held_requests=self.host.waiting(),
+            held_batch_chunks=0,
+            weights_state=self.weights_state,
+            quiesced_at=self.quiesced_at,
+            hold_deadline=self.quiesced_at + self.timers.hold_timeout_s,
+        )
 
-    def _resume(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _resume(self, request_id: str, call: WeightsCall) -> BarrierAnswer:
         self._holder(call)
         if self.quiescing is not None:
             raise Refusal(
@@ -216,13 +227,13 @@ class WeightsBarrier(SaveAndLoad):
             raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, "a commit is open; end it first", "commit_open")
         if self.barrier == "quiesced" and self.transition is None:
             self._release_hold()
-        return {"barrier": self.barrier, "weights_state": self.weights_state}
+        return BarrierAnswer(barrier=self.barrier, weights_state=self.weights_state)
 
     def _release_hold(self) -> None:
         self.barrier, self.quiesced_at, self.hold_deadline = "serving", None, None
         self.host.resume()
 
-    def _commit_begin(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _commit_begin(self, request_id: str, call: WeightsCall) -> CommitBegun:
         attachment = self._holder(call)
         if self.barrier != "quiesced":
             raise Refusal(WeightsCode.NOT_QUIESCED, "quiesce before commit-begin")
@@ -233,9 +244,9 @@ class WeightsBarrier(SaveAndLoad):
         self.weights_state = "writing"
         self.commit = Commit(attachment.id, self.wall(), self.clock(), self.host.forward_steps())
         self.hold_deadline = None
-        return {"weights_state": "writing", "began_at": self.commit.began_at, "watchdog_ms": self._watchdog_ms}
+        return CommitBegun(weights_state="writing", began_at=self.commit.began_at, watchdog_ms=self._watchdog_ms)
 
-    def _commit_end(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _commit_end(self, request_id: str, call: WeightsCall) -> CommitEnded:
         attachment = self._holder(call)
         commit = self.commit
         if commit is None:
@@ -253,15 +264,15 @@ class WeightsBarrier(SaveAndLoad):
             self.last_overrun = {"at": self.wall(), "commit_ms": commit_ms}
         if self.barrier == "quiesced":
             self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-        return {
-            "weights_state": "clean",
-            "steps_since_load": self.steps_since_load,
-            "commit_ms": commit_ms,
-            "overran": overran,
-            "forward_steps_during_commit": self.host.forward_steps() - commit.forward_steps,
-        }
+        return CommitEnded(
+            weights_state="clean",
+            steps_since_load=self.steps_since_load,
+            commit_ms=commit_ms,
+            overran=overran,
+            forward_steps_during_commit=self.host.forward_steps() - commit.forward_steps,
+        )
 
-    def _detach(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _detach(self, request_id: str, call: WeightsCall) -> BarrierAnswer:
         self._holder(call)
         if self.weights_state == "writing":
             self._tear()
@@ -271,9 +282,9 @@ class WeightsBarrier(SaveAndLoad):
             self.quiescing = None
             self.host.resume()
         self.attachment = None
-        return {"weights_state": self.weights_state, "barrier": self.barrier}
+        return BarrierAnswer(barrier=self.barrier, weights_state=self.weights_state)
 
-    def _clear_stale(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _clear_stale(self, request_id: str, call: WeightsCall) -> Cleared:
         attachment = self.attachment
         if attachment is None:
             raise Refusal(WeightsCode.NOT_ATTACHED, f"nothing is attached to {self.served_name!r}")
@@ -285,11 +296,8 @@ class WeightsBarrier(SaveAndLoad):
         if self.barrier == "quiesced" and self.commit is None and self.transition is None:
             self._release_hold()
         self.attachment = None
-        return {
-            "cleared": {"role": attachment.role, "label": attachment.label, "stale_since": info.stale_since},
-            "weights_state": self.weights_state,
-            "barrier": self.barrier,
-        }
+        cleared = ClearedAttachment(role=attachment.role, label=attachment.label, stale_since=info.stale_since)
+        return Cleared(cleared=cleared, weights_state=self.weights_state, barrier=self.barrier)
 
     # -- what happens between calls -------------------------------------------------------------------------------
 

@@ -11,7 +11,15 @@ from typing import Any
 import msgspec
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.weights import LoadTarget, SaveRequest, WeightsCall, WeightsCode, WeightsOperation
+from inference.engine.contract.weights import (
+    Loaded,
+    LoadTarget,
+    Saved,
+    SaveRequest,
+    WeightsCall,
+    WeightsCode,
+    WeightsOperation,
+)
 from inference.engine.weights.barrier_state import Pending, Refusal, as_refusal
 
 
@@ -83,10 +91,10 @@ class SaveAndLoad:
             self.hold_deadline = self.clock() + self.timers.hold_timeout_s
         if (failure := pending.future.exception()) is not None:
             return [self.refused(pending.request_id, as_refusal(failure, WeightsCode.SAVE_FAILED))]
-        manifest = pending.future.result()
+        manifest = Saved(**pending.future.result())
         self.saved_steps = self.steps_since_load
-        self.last_save = {"checkpoint_sha256": manifest["weights_sha256"], "at": self.wall(), "path": manifest["path"]}
-        self._name_weights(manifest["name"], "checkpoint", manifest["weights_sha256"], manifest["step"])
+        self.last_save = {"checkpoint_sha256": manifest.weights_sha256, "at": self.wall(), "path": manifest.path}
+        self._name_weights(manifest.name, "checkpoint", manifest.weights_sha256, manifest.step)
         return [self.reply(pending.request_id, manifest)]
 
     def _read(self, pending: Pending, now: float) -> list[p.Message]:
@@ -116,8 +124,8 @@ class SaveAndLoad:
         self.parent, self.parent_step = target.parent, 0
         self._name_weights(target.served_name, target.origin, target.manifest_hash, target.step)
         self._end_pause(pending)
-        data = {"weights_state": "clean", "served_name": self.served_name, "steps_since_load": 0}
-        return [self.reply(pending.request_id, data)]
+        loaded = Loaded(weights_state="clean", served_name=self.served_name, steps_since_load=0)
+        return [self.reply(pending.request_id, loaded)]
 
     def _end_pause(self, pending: Pending) -> None:
         if pending.paused_here:
