@@ -33,11 +33,9 @@ from weights.times import with_iso_times
 
 ATTACHMENT_HEADER = "X-miLLM-Attachment"
 HOLDER_ROLES = (Role.TRAINER, Role.OPERATOR)
-# The audit operation of each call; a token refusal on save and load logs weights_save / weights_load.
-AUDIT_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation} | {
-    WeightsOperation.SAVE: "save",
-    WeightsOperation.LOAD: "load",
-}
+# The audit operation of each call, and of its token refusal (they differ for save and load only).
+TOKEN_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation}
+AUDIT_OPERATION = TOKEN_OPERATION | {WeightsOperation.SAVE: "save", WeightsOperation.LOAD: "load"}
 
 
 def envelope(data: Any) -> JsonResponse:
@@ -75,7 +73,7 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
     """Runs one gated call as one audited call (pantheon_site/audit.py AuditedCall), accepted or refused; a token
     refusal is audited by the shared token check under `weights_<operation>`."""
     started = time.monotonic()
-    token_operation = "weights_" + operation.value.replace("-", "_")
+    token_operation = TOKEN_OPERATION[operation]
     token = await arequire_role(request, *roles, operation=token_operation, as_error=_token_refusal, started=started)
     record = services.CallRecord()
     actor = request_actor(request, token)
