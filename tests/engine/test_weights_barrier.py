@@ -18,7 +18,8 @@ from inference.engine.contract.weights import (
     WeightsTimers,
     answer_fields,
 )
-from inference.engine.weights.barrier import ShapeMismatch, WeightsBarrier
+from inference.engine.weights.barrier import WeightsBarrier
+from inference.engine.weights.barrier_state import ShapeMismatch
 
 Op = WeightsOperation
 TIMERS = WeightsTimers(

@@ -12,6 +12,9 @@ silent attachment goes stale), and reports each change as WEIGHTS_CHANGED.
 The checks of a holder call come in the spec's order: nothing attached (NOT_ATTACHED), then the attachment id and
 label (NOT_ATTACHMENT_HOLDER), then the state. The token and its role were checked by the control plane before the
 call was sent.
+
+The records the barrier keeps and what it needs of its host are in barrier_state.py; the two calls that hold it
+while a file is read or written (save, load) in barrier_transitions.py.
 """
 
 from __future__ import annotations
@@ -45,10 +48,8 @@ from inference.engine.contract.weights import (
     WeightsSnapshot,
     WeightsTimers,
 )
-from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal, ShapeMismatch
+from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal
 from inference.engine.weights.barrier_transitions import SaveAndLoad
-
-__all__ = ["BarrierHost", "Refusal", "ShapeMismatch", "WeightsBarrier"]
 
 RELEASE_CONTRACT = (
     "rebuild each storage exactly once and take every parameter as a view of it; to release, drop every rebuilt "
