@@ -1,7 +1,7 @@
 """The weights barrier's costs through the HTTP API, on the random 85M Llama (float32, served from its HF directory).
 
 Starts `manage.py serve` (bench/serve_bench.py's Server), creates a trainer token (so the load is attachable) and
-measures, with a trainer in this process using weights/client.py:
+measures, with a trainer in this process using pantheon_trainer/client.py:
   * attach: the call, and mapping every storage (one shared-memory file) into this process;
   * --cycles write cycles (quiesce, commit-begin, an in-place write, commit-end, resume) of two sizes: one norm
     vector, and every parameter (`add_(0)` over all of them); per cycle the wall time of the whole bracket and the
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from random_model import write_random_llama  # noqa: E402
 from serve_bench import Server, run_streams  # noqa: E402
 
-from weights.client import WeightsClient  # noqa: E402
+from pantheon_trainer.client import WeightsClient  # noqa: E402
 
 
 def create_token(server: Server, role: str, label: str) -> str:

@@ -45,7 +45,7 @@ def _fields(
         raise ValueError(f"outcome must be one of {Outcome.values}")
     details = dict(details or {})
     if error is not None:
-        error_type = error_type or error.type
+        error_type = error_type or error.audit_type
         reason = reason or error.reason or error.message
         if reason != error.message:
             details.setdefault("message", error.message)
@@ -155,7 +155,8 @@ async def aaudit_request(
 
 def _refusal_fields(request, error: PantheonError, token: AccessToken | None, started: float | None) -> dict:
     duration_ms = (time.monotonic() - started) * 1000.0 if started is not None else None
-    return {**request_actor(request, token), "error": error, "duration_ms": duration_ms}
+    details = {"role": token.role} if token is not None else None  # a valid token of a role the route refuses
+    return {**request_actor(request, token), "error": error, "duration_ms": duration_ms, "details": details}
 
 
 def refusal_error(exc: Exception) -> PantheonError:

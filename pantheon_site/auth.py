@@ -9,6 +9,7 @@ decorated with it writes no audit code at all.
 
 import functools
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 
@@ -18,6 +19,8 @@ from pantheon_site.models import AccessToken, Role
 from pantheon_site.tokens import aauthenticate_token, authenticate_token
 
 CLIENT_ROLES = (Role.CLIENT, Role.TRAINER, Role.OPERATOR)
+
+ErrorMap = Callable[[PantheonError], PantheonError]
 
 
 def bearer_secret(request) -> str:
@@ -48,15 +51,22 @@ def require_role(request, *roles: str, operation: str) -> AccessToken:
     return token
 
 
-async def arequire_role(request, *roles: str, operation: str) -> AccessToken:
-    """require_role for async views."""
+async def arequire_role(
+    request, *roles: str, operation: str, as_error: ErrorMap | None = None, started: float | None = None
+) -> AccessToken:
+    """require_role for async views. `as_error` turns the refusal (Unauthorized, Forbidden) into the error of the
+    route's family before it is audited and raised (the weights routes' WEIGHTS_UNAUTHORIZED, WEIGHTS_FORBIDDEN);
+    `started` (time.monotonic()) times the refused event."""
     token = None
     try:
         token = await aauthenticate_token(bearer_secret(request))
         _check_role(token, roles)
     except PantheonError as error:
-        await aaudit_request(request, operation, token=token, error=error)
-        raise
+        refusal = as_error(error) if as_error is not None else error
+        await aaudit_request(request, operation, token=token, error=refusal, started=started)
+        if refusal is error:
+            raise
+        raise refusal from None
     return token
 
 

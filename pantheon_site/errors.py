@@ -38,6 +38,11 @@ class PantheonError(Exception):
     def default_headers(self) -> dict[str, str]:
         return {}
 
+    @property
+    def audit_type(self) -> str:
+        """What the audit log records as the error's type (`error_type`)."""
+        return self.type
+
     def stream_fields(self) -> dict:
         """Extra keys of the error object when it is sent as a terminal SSE event (after the status is sent)."""
         return {}
@@ -242,6 +247,11 @@ class ManagementError(PantheonError):
                  headers: dict[str, str] | None = None):  # fmt: skip
         self.code, self.status, self.details = code, status, dict(details or {})
         super().__init__(message, reason=reason, headers=headers)
+
+    @property
+    def audit_type(self) -> str:
+        """The spec's code: a management refusal is audited by its code, as the client reads it."""
+        return self.code
 
 
 def management_error_body(exc: ManagementError) -> dict:

@@ -9,6 +9,7 @@ only model served. With no default, a call must name its model (400 MODEL_NOT_LO
 
 from __future__ import annotations
 
+from inference.engine.contract.weights import WeightsCode
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.router import ModelRouter
 from weights.errors import weights_error
@@ -20,13 +21,13 @@ def requested_model(body_value: object, query_value: str | None) -> str:
     """The model a call names ("" for none), from its body field or its query parameter: a string of at most
     MODEL_NAME_MAX characters; two that differ, or any other type, are 400 INVALID_REQUEST."""
     if body_value is not None and not isinstance(body_value, str):
-        raise weights_error("INVALID_REQUEST", "`model` must be a string: the served name of a model")
+        raise weights_error(WeightsCode.INVALID_REQUEST, "`model` must be a string: the served name of a model")
     names = {name for name in (body_value, query_value) if name}
     if len(names) > 1:
-        raise weights_error("INVALID_REQUEST", "the body and the query name different models")
+        raise weights_error(WeightsCode.INVALID_REQUEST, "the body and the query name different models")
     name = names.pop() if names else ""
     if len(name) > MODEL_NAME_MAX:
-        raise weights_error("INVALID_REQUEST", f"`model` is longer than {MODEL_NAME_MAX} characters")
+        raise weights_error(WeightsCode.INVALID_REQUEST, f"`model` is longer than {MODEL_NAME_MAX} characters")
     return name
 
 
@@ -58,7 +59,9 @@ def named_placement(router: ModelRouter, name: str) -> ModelPlacement:
     served = served_placements(router)
     found = served.get(name) or next((pl for pl in served.values() if pl.weights.served_name == name), None)
     if found is None:
-        raise weights_error("MODEL_NOT_LOADED", f"model {name!r} is not loaded", details=_served_details(served))
+        raise weights_error(
+            WeightsCode.MODEL_NOT_LOADED, f"model {name!r} is not loaded", details=_served_details(served)
+        )
     return found
 
 
@@ -71,9 +74,9 @@ def call_placement(router: ModelRouter, name: str = "") -> ModelPlacement:
         return found
     served = served_placements(router)
     if not served:
-        raise weights_error("MODEL_NOT_LOADED", "no model is loaded")
+        raise weights_error(WeightsCode.MODEL_NOT_LOADED, "no model is loaded")
     raise weights_error(
-        "MODEL_NOT_LOADED",
+        WeightsCode.MODEL_NOT_LOADED,
         f"several models are served ({', '.join(served)}) and none is the default: name one with `model`",
         details=_served_details(served),
     )

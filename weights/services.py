@@ -21,7 +21,16 @@ from django.db import transaction
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import MANIFEST_FILE, CheckpointCorrupt, inspect_checkpoint, read_manifest
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsSnapshot
+from inference.engine.contract.weights import (
+    LoadTarget,
+    SaveRequest,
+    ServedCheckpoint,
+    WeightsCall,
+    WeightsCode,
+    WeightsOperation,
+    WeightsSnapshot,
+    answer_fields,
+)
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.generation import EngineError
@@ -62,6 +71,16 @@ class CallRecord:
         if snapshot.attachment is not None:
             self.attachment = snapshot.attachment.reference
 
+    def audit_details(self, role: str) -> dict[str, Any]:
+        """The audit event's details (never the attachment id: its 8-character reference)."""
+        return {
+            "role": role,
+            "attachment": self.attachment or None,
+            "weights_state_before": self.state_before,
+            "weights_state": self.state_after,
+            **self.extra,
+        }
+
 
 async def call_barrier(
     router: ModelRouter,
@@ -80,22 +99,22 @@ async def call_barrier(
     if operation is WeightsOperation.ATTACH:
         async with _attach_lock:
             placement = _attach_target(router, model)
-            data = await _forward(router, placement, operation, role, label, attachment_id, {}, record)
+            data = await _forward(router, placement, operation, role, label, attachment_id, None, record)
         data["model"]["model_id"] = await _catalogue_id(placement.weights.base_name)
         return data
     if operation is WeightsOperation.LOAD:
         placement = call_placement(router, model)
         target = await sync_to_async(_load_target)(body)
         data = await _forward(router, placement, operation, role, label, attachment_id, target, record)
-        await sync_to_async(_record_served)(router, placement.name, target)
+        await sync_to_async(_record_served)(router, placement.name, target.path, target.origin)
         return data
     placement = _holder_placement(router, model)
     # only a save's fields travel: the other holder calls take none
-    body = _save_body(body) if operation is WeightsOperation.SAVE else {}
-    data = await _forward(router, placement, operation, role, label, attachment_id, body, record)
+    request = _save_request(body) if operation is WeightsOperation.SAVE else None
+    data = await _forward(router, placement, operation, role, label, attachment_id, request, record)
     if operation is WeightsOperation.SAVE:
         await sync_to_async(_record_checkpoint)(data, placement, label)
-        await sync_to_async(_record_served)(router, placement.name, _checkpoint_target_of(data))
+        await sync_to_async(_record_served)(router, placement.name, data["path"], "checkpoint")
     if operation is WeightsOperation.COMMIT_END:
         record.extra = {"elapsed_ms": data["commit_ms"], "steps": data["steps_since_load"]}
     return data
@@ -105,9 +124,11 @@ def _holder_placement(router: ModelRouter, model: str) -> ModelPlacement:
     """The attached model, which a holder call (and clear-stale) is for; a `model` it names must be that one."""
     placement = attached_placement(router)
     if placement is None:
-        raise weights_error("NOT_ATTACHED", "nothing is attached")
+        raise weights_error(WeightsCode.NOT_ATTACHED, "nothing is attached")
     if model and model not in (placement.name, placement.weights.served_name):
-        raise weights_error("NOT_ATTACHED", f"nothing is attached to {model!r} ({placement.name!r} is attached)")
+        raise weights_error(
+            WeightsCode.NOT_ATTACHED, f"nothing is attached to {model!r} ({placement.name!r} is attached)"
+        )
     return placement
 
 
@@ -115,13 +136,13 @@ def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
     if (held := attached_placement(router)) is not None:
         info = held.weights.attachment
         raise weights_error(
-            "ALREADY_ATTACHED",
+            WeightsCode.ALREADY_ATTACHED,
             f"{info.role} {info.label!r} is attached ({info.state})",
             details={"role": info.role, "label": info.label, "state": info.state, "attached_at": info.attached_at},
         )
     placement = call_placement(router, name)
     if any(pl.state != "ready" for pl in router.placements().values()) or router.loads_in_progress():
-        raise weights_error("NOT_ATTACHABLE", "a load or an unload is in progress", reason="model_transition")
+        raise weights_error(WeightsCode.NOT_ATTACHABLE, "a load or an unload is in progress", reason="model_transition")
     return placement
 
 
@@ -132,7 +153,7 @@ async def _forward(
     role: str,
     label: str,
     attachment_id: str | None,
-    body: dict[str, Any],
+    body: SaveRequest | LoadTarget | None,
     record: CallRecord,
 ) -> dict[str, Any]:
     record.saw(placement.weights, before=True)
@@ -141,48 +162,47 @@ async def _forward(
     try:
         answer = await router.client.weights_call(placement.name, call, timeout=timeout)
     except EngineError as exc:
-        code = "MODEL_NOT_LOADED" if exc.reason == "model_not_loaded" else "INTERNAL"
+        code = WeightsCode.MODEL_NOT_LOADED if exc.reason == "model_not_loaded" else WeightsCode.INTERNAL
         raise weights_error(code, exc.message) from None
     record.saw(answer.snapshot)
     if isinstance(answer, p.WeightsRefused):
         raise weights_error(answer.code, answer.message, reason=answer.reason, details=answer.details)
-    return answer.data
+    return answer_fields(answer.data)
 
 
-def _save_body(body: dict[str, Any]) -> dict[str, Any]:
+def _save_request(body: dict[str, Any]) -> SaveRequest:
     run_id = body.get("run_id", "run")
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
-        raise weights_error("INVALID_REQUEST", "run_id must be 1-100 letters, digits, '.', '_' or '-'")
-    out: dict[str, Any] = {"run_id": run_id, "root": str(settings.PANTHEON_CHECKPOINT_DIR)}
-    if "step" in body:  # without it the barrier continues the lineage's numbering
-        step = body["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX:
-            raise weights_error("INVALID_REQUEST", f"step must be an integer from 0 to {STEP_MAX}")
-        out["step"] = step
-    return out
+        raise weights_error(WeightsCode.INVALID_REQUEST, "run_id must be 1-100 letters, digits, '.', '_' or '-'")
+    step = body.get("step")  # without one the barrier continues the lineage's numbering
+    if "step" in body and (not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= STEP_MAX):
+        raise weights_error(WeightsCode.INVALID_REQUEST, f"step must be an integer from 0 to {STEP_MAX}")
+    return SaveRequest(run_id=run_id, root=str(settings.PANTHEON_CHECKPOINT_DIR), step=step)
 
 
-def _load_target(body: dict[str, Any]) -> dict[str, Any]:
+def _load_target(body: dict[str, Any]) -> LoadTarget:
     """What POST /load writes in place: a checkpoint (by qualified name, id or directory; verified against its
     manifest before anything is touched) or a catalogue row (`model_id`). 400 INVALID_REQUEST for a field of the
     wrong type, 404 CHECKPOINT_NOT_FOUND for one that names nothing."""
     if "model_id" in body:
         row_id = body["model_id"]
         if not isinstance(row_id, int) or isinstance(row_id, bool):
-            raise weights_error("INVALID_REQUEST", "model_id must be an integer: a catalogue row's id")
+            raise weights_error(WeightsCode.INVALID_REQUEST, "model_id must be an integer: a catalogue row's id")
         row = CatalogModel.objects.filter(pk=row_id).first() if 0 < row_id <= ROW_ID_MAX else None
         if row is None:
-            raise weights_error("CHECKPOINT_NOT_FOUND", f"no catalogue row has id {row_id}")
+            raise weights_error(WeightsCode.CHECKPOINT_NOT_FOUND, f"no catalogue row has id {row_id}")
         saved = Checkpoint.objects.filter(catalog=row).first()
         if saved is not None:
             return _checkpoint_target(saved)
-        return {"path": row.path, "served_name": row.name, "origin": "model", "verify": False}
+        return LoadTarget(path=row.path, served_name=row.name, origin="model")
     wanted = body.get("checkpoint")
     if not isinstance(wanted, str | int) or isinstance(wanted, bool) or wanted == "":
-        raise weights_error("INVALID_REQUEST", "give `checkpoint` (a qualified name, id or path) or `model_id`")
+        raise weights_error(
+            WeightsCode.INVALID_REQUEST, "give `checkpoint` (a qualified name, id or path) or `model_id`"
+        )
     if isinstance(wanted, str) and ("\0" in wanted or len(wanted) > CHECKPOINT_REF_MAX):
         message = f"`checkpoint` must be a name or a path: at most {CHECKPOINT_REF_MAX} characters, no NUL"
-        raise weights_error("INVALID_REQUEST", message)
+        raise weights_error(WeightsCode.INVALID_REQUEST, message)
     saved = Checkpoint.objects.filter(name=wanted).first() if isinstance(wanted, str) else None
     if saved is None and (isinstance(wanted, int) or wanted.isdecimal()) and 0 < int(wanted) <= ROW_ID_MAX:
         saved = Checkpoint.objects.filter(pk=int(wanted)).first()
@@ -191,7 +211,7 @@ def _load_target(body: dict[str, Any]) -> dict[str, Any]:
         if saved is None:
             return _manifest_target(directory)
     if saved is None:
-        raise weights_error("CHECKPOINT_NOT_FOUND", f"no checkpoint {wanted!r}")
+        raise weights_error(WeightsCode.CHECKPOINT_NOT_FOUND, f"no checkpoint {wanted!r}")
     return _checkpoint_target(saved)
 
 
@@ -204,47 +224,42 @@ def _checkpoint_dir(wanted: str) -> Path | None:
         return None
 
 
-def _checkpoint_target(saved: Checkpoint) -> dict[str, Any]:
-    return {
-        "path": saved.path,
-        "served_name": saved.name,
-        "origin": "checkpoint",
-        "manifest_hash": saved.weights_sha256,
-        "parent": saved.parent.name if saved.parent else None,
-        "step": saved.step,
-        "verify": True,
-    }
+def _checkpoint_target(saved: Checkpoint) -> LoadTarget:
+    return LoadTarget(
+        path=saved.path,
+        served_name=saved.name,
+        origin="checkpoint",
+        manifest_hash=saved.weights_sha256,
+        parent=saved.parent.name if saved.parent else None,
+        step=saved.step,
+        verify=True,
+    )
 
 
-def _manifest_target(directory: Path) -> dict[str, Any]:
+def _manifest_target(directory: Path) -> LoadTarget:
     """A checkpoint directory no row records (copied from elsewhere): what its manifest says."""
     try:
         manifest = read_manifest(directory)
     except CheckpointCorrupt as exc:
-        raise weights_error("CHECKPOINT_CORRUPT", str(exc)) from None
+        raise weights_error(WeightsCode.CHECKPOINT_CORRUPT, str(exc)) from None
     checkpoint = ServedCheckpoint.from_manifest(manifest)
-    return {
-        "path": str(directory),
-        "served_name": checkpoint.name or directory.name,
-        "origin": "checkpoint",
-        "step": checkpoint.step,
-        "verify": True,
-    }
+    return LoadTarget(
+        path=str(directory),
+        served_name=checkpoint.name or directory.name,
+        origin="checkpoint",
+        step=checkpoint.step,
+        verify=True,
+    )
 
 
-def _checkpoint_target_of(manifest: dict[str, Any]) -> dict[str, Any]:
-    """A save's manifest as the load target it now is (what the served weights are)."""
-    return {"path": manifest["path"], "origin": "checkpoint"}
-
-
-def _record_served(router: ModelRouter, name: str, target: dict[str, Any]) -> None:
+def _record_served(router: ModelRouter, name: str, path: str, origin: str) -> None:
     """What `name` serves since a save or a weights load, kept where a restart and a crash reload find it: the
     catalogue row (the checkpoint directory; none when the row's own weights, or another model's, were loaded) and
     the placement's load."""
-    checkpoint = target["path"] if target["origin"] == "checkpoint" else ""
+    checkpoint = path if origin == "checkpoint" else ""
     CatalogModel.objects.filter(name=name).update(served_checkpoint=checkpoint)
     served = ServedCheckpoint.from_manifest(read_manifest(checkpoint)) if checkpoint else None
-    router.client.serve_weights_from(name, target["path"], served)
+    router.client.serve_weights_from(name, path, served)
 
 
 def _record_checkpoint(manifest: dict[str, Any], placement: ModelPlacement, label: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference.engine.contract.weights import AttachmentInfo
 from inference.models import CatalogModel
 from inference.runtime.engine_client import ModelPlacement
 from inference.runtime.router import ModelRouter
@@ -32,44 +33,53 @@ RESIDENT_ONLY = (
 NO_ADAPTER = {"applied": False, "name": None}
 
 
+def _idle_body() -> dict[str, Any]:
+    """The status while nothing is resident: every field null or idle."""
+    return {
+        "attached": False,
+        "attachment": None,
+        "barrier": "serving",
+        "quiesced_at": None,
+        "held_requests": None,
+        "weights_state": "clean",
+        "resident_model": None,
+        "steps_since_load": None,
+        "last_save": None,
+        "commit": None,
+        "commit_overran": None,
+        "last_hold_timeout_at": None,
+        "last_overrun": None,
+        "pause_unavailable": None,
+        "adapter": NO_ADAPTER,
+        "cuda_memory": None,
+        "exports_since_start": 0,
+        **dict.fromkeys(RESIDENT_ONLY),
+    }
+
+
+def _attachment(a: AttachmentInfo | None) -> dict[str, Any] | None:
+    """The attachment as status shows it (never its id)."""
+    if a is None:
+        return None
+    return {
+        "state": a.state,
+        "role": a.role,
+        "label": a.label,
+        "attached_at": iso(a.attached_at),
+        "last_heartbeat_at": iso(a.last_heartbeat_at),
+        "stale_since": iso(a.stale_since),
+    }
+
+
 def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[str, Any]:
     """The spec's status table for `placement`'s barrier (every field null or idle when nothing is resident)."""
     w = placement.weights if placement is not None else None
     if w is None:
-        return {
-            "attached": False,
-            "attachment": None,
-            "barrier": "serving",
-            "quiesced_at": None,
-            "held_requests": None,
-            "weights_state": "clean",
-            "resident_model": None,
-            "steps_since_load": None,
-            "last_save": None,
-            "commit": None,
-            "commit_overran": None,
-            "last_hold_timeout_at": None,
-            "last_overrun": None,
-            "pause_unavailable": None,
-            "adapter": NO_ADAPTER,
-            "cuda_memory": None,
-            "exports_since_start": 0,
-            **dict.fromkeys(RESIDENT_ONLY),
-        }
-    attachment = None
-    if (a := w.attachment) is not None:
-        attachment = {
-            "state": a.state,
-            "role": a.role,
-            "label": a.label,
-            "attached_at": iso(a.attached_at),
-            "last_heartbeat_at": iso(a.last_heartbeat_at),
-            "stale_since": iso(a.stale_since),
-        }
+        return _idle_body()
     base = CatalogModel.objects.filter(name=w.base_name).first()
     return {
-        "attached": attachment is not None,
-        "attachment": attachment,
+        "attached": w.attachment is not None,
+        "attachment": _attachment(w.attachment),
         "barrier": w.barrier,
         "quiesced_at": iso(w.quiesced_at),
         "held_requests": w.held_requests,

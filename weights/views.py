@@ -1,9 +1,10 @@
 """The /api/weights routes (spec: "Weights: attachment and the step barrier" and checkpoints), in the management
 envelope `{"success", "data", "error"}`.
 
-A gated call checks its token first (401 WEIGHTS_UNAUTHORIZED with WWW-Authenticate: Bearer, then 403
-WEIGHTS_FORBIDDEN for a role the route does not admit) and then runs as one call of weights/services.py; either way
-it writes one audit event with the spec's fields. GET /status, /lineage and /checkpoints take no token. Neither the
+A gated call checks its token first, with the shared check of every token route (pantheon_site/auth.py; here 401
+WEIGHTS_UNAUTHORIZED with WWW-Authenticate: Bearer, then 403 WEIGHTS_FORBIDDEN for a role the route does not
+admit), and then runs as one call of weights/services.py inside the shared AuditedCall; either way it writes one
+audit event with the spec's fields. GET /status, /lineage and /checkpoints take no token. Neither the
 token nor the attachment id is ever logged, audited or returned (the id once, by attach).
 """
 
@@ -16,14 +17,13 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
-from inference.engine.contract.weights import WeightsOperation
+from inference.engine.contract.weights import WeightsCode, WeightsOperation
 from inference.runtime.router import get_router
-from pantheon_site.audit import arecord_audit_event
-from pantheon_site.auth import bearer_secret
-from pantheon_site.errors import ManagementError, NoModelsLoaded, PantheonError, Unauthorized
+from pantheon_site.audit import AuditedCall, request_actor
+from pantheon_site.auth import arequire_role
+from pantheon_site.errors import Forbidden, ManagementError, NoModelsLoaded, PantheonError
 from pantheon_site.methods import only
-from pantheon_site.models import Outcome, Role
-from pantheon_site.tokens import aauthenticate_token
+from pantheon_site.models import Role
 from weights import services
 from weights.errors import weights_error
 from weights.model_choice import call_placement, named_placement, requested_model
@@ -33,11 +33,9 @@ from weights.times import with_iso_times
 
 ATTACHMENT_HEADER = "X-miLLM-Attachment"
 HOLDER_ROLES = (Role.TRAINER, Role.OPERATOR)
-# The audit operation of each call; a token refusal on save and load logs weights_save / weights_load.
-AUDIT_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation} | {
-    WeightsOperation.SAVE: "save",
-    WeightsOperation.LOAD: "load",
-}
+# The audit operation of each call, and of its token refusal (they differ for save and load only).
+TOKEN_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation}
+AUDIT_OPERATION = TOKEN_OPERATION | {WeightsOperation.SAVE: "save", WeightsOperation.LOAD: "load"}
 
 
 def envelope(data: Any) -> JsonResponse:
@@ -50,83 +48,55 @@ def _body(request) -> dict[str, Any]:
     try:
         body = json.loads(request.body)
     except ValueError:
-        raise weights_error("INVALID_REQUEST", "the body is not JSON") from None
+        raise weights_error(WeightsCode.INVALID_REQUEST, "the body is not JSON") from None
     if not isinstance(body, dict):
-        raise weights_error("INVALID_REQUEST", "the body must be a JSON object")
+        raise weights_error(WeightsCode.INVALID_REQUEST, "the body must be a JSON object")
     return body
 
 
-async def _token(request):
-    try:
-        return await aauthenticate_token(bearer_secret(request))
-    except Unauthorized as exc:
-        raise weights_error(
-            "WEIGHTS_UNAUTHORIZED", "a valid trainer or operator token is required", reason=exc.reason
-        ) from None
+def _token_refusal(error: PantheonError) -> ManagementError:
+    """The shared token check's refusal in the weights envelope (pantheon_site/auth.py arequire_role)."""
+    if isinstance(error, Forbidden):
+        return weights_error(WeightsCode.WEIGHTS_FORBIDDEN, error.message, reason=error.reason)
+    message = "a valid trainer or operator token is required"
+    return weights_error(WeightsCode.WEIGHTS_UNAUTHORIZED, message, reason=error.reason)
 
 
-def _check_role(token, roles: tuple[str, ...]) -> None:
-    if token.role not in roles:
-        raise weights_error(
-            "WEIGHTS_FORBIDDEN", f"a {token.role} token may not call this route", reason=f"role_{token.role}"
-        )
+def _as_weights_error(error: PantheonError) -> ManagementError:
+    if isinstance(error, ManagementError):
+        return error
+    code = WeightsCode.MODEL_NOT_LOADED if isinstance(error, NoModelsLoaded) else WeightsCode.INTERNAL
+    return weights_error(code, error.message)
 
 
 async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = HOLDER_ROLES) -> JsonResponse:
-    """Runs one gated call and writes its audit event, accepted or refused."""
+    """Runs one gated call as one audited call (pantheon_site/audit.py AuditedCall), accepted or refused; a token
+    refusal is audited by the shared token check under `weights_<operation>`."""
     started = time.monotonic()
+    token_operation = TOKEN_OPERATION[operation]
+    token = await arequire_role(request, *roles, operation=token_operation, as_error=_token_refusal, started=started)
     record = services.CallRecord()
-    token = None
-    try:
-        token = await _token(request)
-        _check_role(token, roles)
-        body = _body(request)
-        model = requested_model(body.get("model"), request.GET.get("model"))
-        attachment_id = request.headers.get(ATTACHMENT_HEADER) or None
-        data = await services.call_barrier(
-            get_router(),
-            operation,
-            role=token.role,
-            label=token.label,
-            attachment_id=attachment_id,
-            body=body,
-            model=model,
-            record=record,
-        )
-    except PantheonError as error:
-        if not isinstance(error, ManagementError):
-            error = weights_error(
-                "MODEL_NOT_LOADED" if isinstance(error, NoModelsLoaded) else "INTERNAL", error.message
+    actor = request_actor(request, token)
+    async with AuditedCall(AUDIT_OPERATION[operation], started=started, **actor) as audit:
+        try:
+            body = _body(request)
+            data = await services.call_barrier(
+                get_router(),
+                operation,
+                role=token.role,
+                label=token.label,
+                attachment_id=request.headers.get(ATTACHMENT_HEADER) or None,
+                body=body,
+                model=requested_model(body.get("model"), request.GET.get("model")),
+                record=record,
             )
-        token_refused = error.code in ("WEIGHTS_UNAUTHORIZED", "WEIGHTS_FORBIDDEN")
-        name = "weights_" + operation.value.replace("-", "_") if token_refused else AUDIT_OPERATION[operation]
-        await _audit(name, request, token, record, started, error)
-        raise error from None
-    await _audit(AUDIT_OPERATION[operation], request, token, record, started, None)
+        except PantheonError as error:
+            refusal = _as_weights_error(error)
+            record.extra["code"] = refusal.code
+            raise refusal from None
+        finally:
+            audit.model, audit.details = record.model, record.audit_details(token.role)
     return envelope(data)
-
-
-async def _audit(operation, request, token, record, started, error: ManagementError | None) -> None:
-    details = {
-        "role": token.role if token is not None else None,
-        "attachment": record.attachment or None,
-        "weights_state_before": record.state_before,
-        "weights_state": record.state_after,
-        **record.extra,
-    }
-    fields: dict[str, Any] = {
-        "actor_kind": "token" if token is not None else "anonymous",
-        "actor_label": token.label if token is not None else "",
-        "model": record.model,
-        "request_id": getattr(request, "request_id", ""),
-        "client_address": request.META.get("REMOTE_ADDR", "") or "",
-        "duration_ms": (time.monotonic() - started) * 1000.0,
-        "details": details,
-    }
-    if error is not None:
-        details["code"] = error.code
-        fields |= {"error_type": error.code, "reason": error.reason or error.message}
-    await arecord_audit_event(operation, Outcome.REFUSED if error else Outcome.ACCEPTED, **fields)
 
 
 def _holder_route(operation: WeightsOperation, roles: tuple[str, ...] = HOLDER_ROLES):

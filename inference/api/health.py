@@ -1,5 +1,6 @@
 """GET /: the cheapest route, answering "what am I running?"; GET /api/health/detailed: that, the served models (and
-how far a running load has read) and the weights barrier's summary (docs/schemas/health-detailed.json)."""
+how far a running load has read) and the sections the apps above add, the weights barrier's summary among them
+(docs/schemas/health-detailed.json)."""
 
 from asgiref.sync import sync_to_async
 from django.http import JsonResponse
@@ -7,8 +8,8 @@ from django.http import JsonResponse
 from inference.runtime.router import installed_router
 from inference.services.model_rows import load_progress_fields
 from inference.services.serving import health_fields
+from pantheon_site.health_sections import health_sections
 from pantheon_site.methods import only
-from weights.status import health_summary
 
 
 def _model_entry(name: str, placement) -> dict:
@@ -27,11 +28,9 @@ async def health(request):
 
 @only("GET")
 async def health_detailed(request):
-    """No token: GET /'s fields, every served model's name and state, and the weights summary (weights/status.py)."""
+    """No token: GET /'s fields, every served model's name and state, and the sections the apps above add
+    (pantheon_site/health_sections.py: `weights`, the barrier summary of weights/status.py)."""
     router = installed_router()
-    try:
-        weights = await sync_to_async(health_summary)(router)
-    except Exception as exc:  # the spec: "or error when they could not be read"
-        weights = {"error": f"{type(exc).__name__}: {exc}"}
+    sections = await sync_to_async(health_sections)(router)
     models = [] if router is None else [_model_entry(n, pl) for n, pl in sorted(router.placements().items())]
-    return JsonResponse({**health_fields(), "models": models, "weights": weights})
+    return JsonResponse({**health_fields(), "models": models, **sections})

@@ -27,6 +27,7 @@ import zmq
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
+from inference.engine.contract.weights import WeightsCode
 from inference.engine.execution.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
 from inference.engine.kv.session_calls import read_restore
@@ -182,7 +183,9 @@ class Worker(ModelLoading):
                 hosted = self.models.get(model)
                 if hosted is None:
                     message = f"model {model!r} is not loaded on this worker"
-                    self.send(p.WeightsRefused(request_id=request_id, code="MODEL_NOT_LOADED", message=message))
+                    self.send(
+                        p.WeightsRefused(request_id=request_id, code=WeightsCode.MODEL_NOT_LOADED, message=message)
+                    )
                 else:
                     self.send_all(hosted.barrier.handle(request_id, call))
             case p.SessionExport() | p.SessionRestore() | p.SessionRelease() | p.SessionWatch() | p.SessionList():

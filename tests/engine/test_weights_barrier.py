@@ -1,6 +1,6 @@
 """The weights barrier's state machine (engine/weights/barrier.py) on a fake model and a fake clock: every refusal
 code and reason, the check order, and the three timers. The same barrier under a real worker and real HTTP is in
-tests/inference/test_weights_http.py."""
+tests/weights/test_weights_http.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,17 @@ from concurrent.futures import Future
 import pytest
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsOperation, WeightsTimers
-from inference.engine.weights.barrier import ShapeMismatch, WeightsBarrier
+from inference.engine.contract.weights import (
+    LoadTarget,
+    SaveRequest,
+    ServedCheckpoint,
+    WeightsCall,
+    WeightsOperation,
+    WeightsTimers,
+    answer_fields,
+)
+from inference.engine.weights.barrier import WeightsBarrier
+from inference.engine.weights.barrier_state import ShapeMismatch
 
 Op = WeightsOperation
 TIMERS = WeightsTimers(
@@ -95,13 +104,22 @@ class FakeModel:
     def export(self):
         return {"producer": {}, "storages": [], "parameters": [], "pinned_bytes": 0, "config": None}
 
-    def save(self, body, parent, base_name):
-        step = body["step"]
-        name = f"{base_name}:{body['run_id']}:step-{step}"
-        return {"name": name, "step": step, "weights_sha256": "ab" * 32, "path": "/x"}
+    def save(self, request, parent, base_name):
+        step = request.step
+        name = f"{base_name}:{request.run_id}:step-{step}"
+        return {
+            "run_id": request.run_id,
+            "step": step,
+            "parent": parent,
+            "base_model": base_name,
+            "weights_sha256": "ab" * 32,
+            "created_at": "2026-01-01T00:00:00.000+00:00",
+            "name": name,
+            "path": "/x",
+        }
 
-    def read_checkpoint(self, body):
-        if body.get("mismatch"):
+    def read_checkpoint(self, target):
+        if target.path == "/mismatch":
             raise ShapeMismatch("w does not fit")
         return {"w": 2.0}
 
@@ -119,22 +137,29 @@ def rig():
     return barrier, model, clock
 
 
-def call(barrier, op, attachment=None, label="t", role="trainer", **body):
-    (answer,) = barrier.handle(
-        "c", WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
-    )
+def weights_call(op, attachment=None, label="t", role="trainer", **fields) -> WeightsCall:
+    """The call the control plane sends: a save carries a SaveRequest, a load a LoadTarget, the others nothing."""
+    body = None
+    if op is Op.SAVE:
+        body = SaveRequest(root="/ckpt", **fields)
+    elif op is Op.LOAD:
+        body = LoadTarget(**fields)
+    return WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
+
+
+def call(barrier, *args, **fields):
+    (answer,) = barrier.handle("c", weights_call(*args, **fields))
     return answer
 
 
-def run(barrier, op, attachment=None, label="t", role="trainer", **body) -> list[p.Message]:
+def run(barrier, *args, **fields) -> list[p.Message]:
     """A call answered later (save, load): what handle() and then tick() sent."""
-    call_ = WeightsCall(operation=op, role=role, label=label, attachment_id=attachment, body=body)
-    return barrier.handle("c", call_) + barrier.tick()
+    return barrier.handle("c", weights_call(*args, **fields)) + barrier.tick()
 
 
 def ok(answer) -> dict:
     assert isinstance(answer, p.WeightsReply), answer
-    return answer.data
+    return answer_fields(p.decode_from_worker(p.encode(answer)).data)  # as the control plane reads it
 
 
 def code(answer) -> tuple[str, str | None]:
@@ -204,7 +229,7 @@ def test_a_quiesce_waits_for_running_sequences_and_resume_meanwhile_is_refused(r
     assert barrier.tick() == []
     model.run = 0
     (reply,) = barrier.tick()
-    assert reply.request_id == "q" and reply.data["held_requests"] == 2 and barrier.barrier == "quiesced"
+    assert reply.request_id == "q" and reply.data.held_requests == 2 and barrier.barrier == "quiesced"
 
 
 def test_a_drain_past_its_timeout_is_model_busy_and_holds_nothing(rig):
@@ -322,7 +347,7 @@ def test_a_load_restores_a_torn_set_and_resets_the_counters(rig):
 
 def test_a_load_that_does_not_fit_changes_nothing_and_one_that_fails_partway_tears(rig):
     barrier, model, clock = rig
-    (refused,) = run(barrier, Op.LOAD, path="/c", mismatch=True, served_name="x")
+    (refused,) = run(barrier, Op.LOAD, path="/mismatch", served_name="x")
     assert code(refused) == ("SHAPE_MISMATCH", None) and barrier.weights_state == "clean" and not model.paused
     model.fail_write = True
     out = run(barrier, Op.LOAD, path="/c", served_name="x")
@@ -412,7 +437,7 @@ def test_a_save_in_progress_holds_the_barrier_against_quiesce_commit_and_load(ri
     barrier.executor = work = Deferred()
     aid = attached(barrier)
     ok(call(barrier, Op.QUIESCE, aid))
-    assert barrier.handle("s", WeightsCall(operation=Op.SAVE, label="t", attachment_id=aid, body={"run_id": "r"})) == []
+    assert barrier.handle("s", weights_call(Op.SAVE, aid, run_id="r")) == []
     assert code(call(barrier, Op.COMMIT_BEGIN, aid)) == ("PAUSE_IN_PROGRESS", None)
     assert code(call(barrier, Op.SAVE, aid, run_id="r")) == ("PAUSE_IN_PROGRESS", None)
     assert code(call(barrier, Op.LOAD, path="/c", served_name="x")) == ("PAUSE_IN_PROGRESS", None)

@@ -19,9 +19,9 @@ from inference.models import CatalogModel
 from pantheon_site.models import AccessToken, AuditEvent
 from pantheon_site.tokens import do_create_token
 from tests.inference.serving import operator_client, wait_for
-from tests.inference.weights_calls import Holder, new_token
-from tests.inference.weights_calls import status as weights_status
 from tests.ui.conftest import STAFF_PASSWORD
+from tests.weights.weights_calls import Holder, new_token
+from tests.weights.weights_calls import status as weights_status
 from weights.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -46,7 +46,7 @@ from inference.engine.contract.requests import (
     Unload,
     WeightsRequest,
 )
-from inference.engine.contract.weights import WeightsSnapshot
+from inference.engine.contract.weights import Answer, WeightsCode, WeightsSnapshot
 
 # -- worker -> control plane ----------------------------------------------------------------------------------------
 
@@ -280,10 +280,10 @@ class Embeddings(Message, tag="m"):
 
 
 class WeightsReply(Message, tag="k"):
-    """A weights call carried out: the route's `data`, and the barrier after it."""
+    """A weights call carried out: what it answers (the route's `data`), and the barrier after it."""
 
     request_id: str
-    data: dict[str, Any]
+    data: Answer
     snapshot: WeightsSnapshot
 
 
@@ -292,7 +292,7 @@ class WeightsRefused(Message, tag="n"):
     names one (drain_timeout, quiesce_in_progress, gguf, ...), what to tell the caller, and the barrier as it is."""
 
     request_id: str
-    code: str
+    code: WeightsCode
     message: str
     reason: str | None = None
     details: dict[str, Any] = {}

@@ -38,6 +38,40 @@ class WeightsOperation(enum.StrEnum):
     LOAD = "load"
 
 
+class WeightsCode(enum.StrEnum):
+    """Every code a weights refusal carries (the spec's), from the worker's barrier or the control plane's own
+    checks. weights/errors.py gives each its HTTP status; a WEIGHTS_REFUSED whose code is not one of these does not
+    decode, so no unknown code reaches a client."""
+
+    WEIGHTS_UNAUTHORIZED = "WEIGHTS_UNAUTHORIZED"
+    WEIGHTS_FORBIDDEN = "WEIGHTS_FORBIDDEN"
+    NOT_ATTACHMENT_HOLDER = "NOT_ATTACHMENT_HOLDER"
+    NOT_ATTACHED = "NOT_ATTACHED"
+    ALREADY_ATTACHED = "ALREADY_ATTACHED"
+    ALREADY_QUIESCED = "ALREADY_QUIESCED"
+    NOT_QUIESCED = "NOT_QUIESCED"
+    NO_OPEN_COMMIT = "NO_OPEN_COMMIT"
+    WEIGHTS_NOT_CLEAN = "WEIGHTS_NOT_CLEAN"
+    PAUSE_IN_PROGRESS = "PAUSE_IN_PROGRESS"
+    BARRIER_UNAVAILABLE = "BARRIER_UNAVAILABLE"
+    MODEL_BUSY = "MODEL_BUSY"
+    ATTACHMENT_NOT_STALE = "ATTACHMENT_NOT_STALE"
+    SHAPE_MISMATCH = "SHAPE_MISMATCH"
+    CHECKPOINT_EXISTS = "CHECKPOINT_EXISTS"
+    WEIGHTS_UNSAVED = "WEIGHTS_UNSAVED"
+    MODEL_NOT_LOADED = "MODEL_NOT_LOADED"
+    NOT_ATTACHABLE = "NOT_ATTACHABLE"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    CHECKPOINT_CORRUPT = "CHECKPOINT_CORRUPT"
+    CHECKPOINT_NOT_FOUND = "CHECKPOINT_NOT_FOUND"
+    NOT_FOUND = "NOT_FOUND"
+    QUEUE_FULL = "QUEUE_FULL"
+    WEIGHTS_TORN = "WEIGHTS_TORN"
+    SAVE_FAILED = "SAVE_FAILED"
+    LOAD_FAILED = "LOAD_FAILED"
+    INTERNAL = "INTERNAL"
+
+
 class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """The spec's timers (WEIGHTS_* settings), sent with every LOAD so the worker runs them."""
 
@@ -117,12 +151,152 @@ class WeightsSnapshot(msgspec.Struct, array_like=True, kw_only=True):
     forward_steps: int  # the scheduler's forward passes so far
 
 
+class SaveRequest(msgspec.Struct, tag="save", array_like=True, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a save writes: `root`/<run_id>/step-<step>/ (root: the control plane's checkpoint folder). Without a
+    step the barrier continues the lineage's numbering."""
+
+    run_id: str
+    root: str
+    step: int | None = None
+
+
+class LoadTarget(msgspec.Struct, tag="load", array_like=True, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a weights load writes in place (weights/services.py decides it): the directory, the name the weights
+    then answer under and where they come from; for a checkpoint its manifest hash, parent and step, and whether its
+    sha256 is verified before anything is touched."""
+
+    path: str
+    served_name: str
+    origin: Origin = "model"
+    manifest_hash: str | None = None
+    parent: str | None = None
+    step: int = 0
+    verify: bool = False
+
+
 class WeightsCall(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
     """What travels inside a WEIGHTS_CALL message (see messages.py): the operation, who asks (the token's role and
-    label, already checked by the control plane), the attachment id they presented, and the body."""
+    label, already checked by the control plane), the attachment id they presented, and what a save or a load
+    writes (the other calls take nothing)."""
 
     operation: WeightsOperation
     role: str = ""
     label: str = ""
     attachment_id: str | None = None
-    body: dict[str, Any] = {}
+    body: SaveRequest | LoadTarget | None = None
+
+
+# -- what a call answers (WEIGHTS_REPLY's `data`; the route's `data`, as answer_fields gives it) -----------------
+
+
+class WeightsAnswer(msgspec.Struct, kw_only=True, tag_field="answer", tag=str.lower):
+    """The base of every answer: tagged by its class's name, so WEIGHTS_REPLY decodes the right one."""
+
+
+class ResidentWeights(msgspec.Struct, kw_only=True):
+    name: str  # the base model's served name
+    manifest_hash: str | None
+
+
+class HeartbeatTimers(msgspec.Struct, kw_only=True):
+    timeout_s: float
+    interval_hint_s: float
+
+
+class Release(msgspec.Struct, kw_only=True):
+    pinned_bytes: int
+    contract: str
+
+
+class Attached(WeightsAnswer):
+    """ATTACH: the attachment id (given once, here), and every served parameter as a view of a storage the trainer
+    maps (engine/weights/handles.py: `storages`, `parameters`, `producer`)."""
+
+    attachment_id: str
+    model: ResidentWeights
+    weights_state: WeightsState
+    steps_since_load: int
+    heartbeat: HeartbeatTimers
+    producer: dict[str, Any]
+    storages: list[dict[str, Any]]
+    parameters: list[dict[str, Any]]
+    release: Release
+    config: dict[str, Any] | None
+    layout: str | None
+
+
+class HeartbeatAnswer(WeightsAnswer):
+    attachment_state: AttachmentState
+    timeout_s: float
+    interval_hint_s: float
+    weights_state: WeightsState
+
+
+class Quiesced(WeightsAnswer):
+    held_requests: int
+    held_batch_chunks: int
+    weights_state: WeightsState
+    quiesced_at: float
+    hold_deadline: float
+
+
+class BarrierAnswer(WeightsAnswer):
+    """RESUME and DETACH: the barrier and the weights as the call left them."""
+
+    barrier: BarrierState
+    weights_state: WeightsState
+
+
+class CommitBegun(WeightsAnswer):
+    weights_state: WeightsState
+    began_at: float
+    watchdog_ms: float
+
+
+class CommitEnded(WeightsAnswer):
+    weights_state: WeightsState
+    steps_since_load: int
+    commit_ms: float
+    overran: bool
+    forward_steps_during_commit: int
+
+
+class ClearedAttachment(msgspec.Struct, kw_only=True):
+    role: str
+    label: str
+    stale_since: float | None
+
+
+class Cleared(WeightsAnswer):
+    cleared: ClearedAttachment
+    weights_state: WeightsState
+    barrier: BarrierState
+
+
+class Saved(WeightsAnswer):
+    """SAVE: the checkpoint's manifest (engine/weights/checkpoint_files.py) and where it was written."""
+
+    run_id: str
+    step: int
+    parent: str | None
+    base_model: str
+    weights_sha256: str
+    created_at: str
+    name: str
+    path: str
+
+
+class Loaded(WeightsAnswer):
+    weights_state: WeightsState
+    served_name: str
+    steps_since_load: int
+
+
+Answer = Attached | HeartbeatAnswer | Quiesced | BarrierAnswer | CommitBegun | CommitEnded | Cleared | Saved | Loaded
+
+
+def answer_fields(answer: WeightsAnswer) -> dict[str, Any]:
+    """An answer as the route's `data`: its fields, without the tag that only the wire needs."""
+    fields = msgspec.to_builtins(answer)
+    del fields["answer"]
+    return fields

@@ -12,28 +12,44 @@ silent attachment goes stale), and reports each change as WEIGHTS_CHANGED.
 The checks of a holder call come in the spec's order: nothing attached (NOT_ATTACHED), then the attachment id and
 label (NOT_ATTACHMENT_HOLDER), then the state. The token and its role were checked by the control plane before the
 call was sent.
+
+The records the barrier keeps and what it needs of its host are in barrier_state.py; the two calls that hold it
+while a file is read or written (save, load) in barrier_transitions.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from concurrent.futures import Executor
+from typing import Any
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.weights import (
+    Answer,
+    Attached,
     AttachmentInfo,
+    BarrierAnswer,
+    Cleared,
+    ClearedAttachment,
+    CommitBegun,
+    CommitEnded,
+    HeartbeatAnswer,
+    HeartbeatTimers,
+    Quiesced,
+    Release,
+    ResidentWeights,
     ServedCheckpoint,
     WeightsCall,
+    WeightsCode,
     WeightsOperation,
     WeightsSnapshot,
     WeightsTimers,
 )
+from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal
+from inference.engine.weights.barrier_transitions import SaveAndLoad
 
 RELEASE_CONTRACT = (
     "rebuild each storage exactly once and take every parameter as a view of it; to release, drop every rebuilt "
@@ -41,82 +57,7 @@ RELEASE_CONTRACT = (
 )
 
 
-class BarrierHost(Protocol):
-    """What the barrier needs of the model it guards (HostedModel provides it)."""
-
-    name: str
-
-    def pause(self) -> None: ...
-    def resume(self) -> None: ...
-    def running(self) -> int: ...
-    def waiting(self) -> int: ...
-    def queue_full(self) -> bool: ...
-    def forward_steps(self) -> int: ...
-    def drop_caches(self) -> None: ...
-    def weights_written(self) -> None: ...
-    def refuse_waiting(self, message: str) -> list[p.Message]: ...
-    def attach_refusal(self) -> str | None: ...
-    def layout(self) -> str | None: ...
-    def export(self) -> dict[str, Any]: ...
-    def save(self, body: dict[str, Any], parent: str | None, base_name: str) -> dict[str, Any]: ...
-    def read_checkpoint(self, body: dict[str, Any]) -> Any: ...
-    def write_weights(self, tensors: Any) -> None: ...
-
-
-class Refusal(Exception):
-    """A call refused with the spec's code; `reason` when the spec names one."""
-
-    def __init__(self, code: str, message: str, reason: str | None = None, **details: Any):
-        super().__init__(message)
-        self.code, self.message, self.reason, self.details = code, message, reason, details
-
-
-class ShapeMismatch(Refusal):
-    """The checkpoint's parameters do not fit the resident storages (raised by `BarrierHost.read_checkpoint`)."""
-
-    def __init__(self, message: str):
-        super().__init__("SHAPE_MISMATCH", message)
-
-
-@dataclass(slots=True)
-class Attachment:
-    id: str
-    role: str
-    label: str
-    attached_at: float
-    last_heartbeat_at: float  # wall clock, for status
-    last_heartbeat: float  # monotonic, for the timeout
-    reported_stale: bool = False
-
-    @property
-    def reference(self) -> str:
-        """8 characters that name the attachment in the audit log without giving its id away."""
-        return hashlib.sha256(self.id.encode()).hexdigest()[:8]
-
-
-@dataclass(slots=True)
-class Commit:
-    owner: str  # the attachment id that began it
-    began_at: float
-    began: float  # monotonic
-    forward_steps: int  # the scheduler's counter when it began (a test asserts it does not move)
-
-
-@dataclass(slots=True)
-class Pending:
-    """A call answered later: a quiesce draining, a save or a load running on the executor."""
-
-    request_id: str
-    operation: WeightsOperation
-    deadline: float = 0.0  # for a drain
-    future: Future | None = None
-    body: dict[str, Any] = field(default_factory=dict)
-    phase: str = "drain"  # load: "read" -> "drain" -> "write"; quiesce: "drain"; save: "save"
-    payload: Any = None
-    paused_here: bool = False  # whether this call paused serving (and so resumes it when it ends)
-
-
-class WeightsBarrier:
+class WeightsBarrier(SaveAndLoad):
     """One model's barrier. `wall` and `clock` are injectable for tests (time.time and time.monotonic)."""
 
     def __init__(
@@ -170,7 +111,7 @@ class WeightsBarrier:
             return [self.refused(request_id, refusal)]
         return [] if data is None else [self.reply(request_id, data)]
 
-    def reply(self, request_id: str, data: dict[str, Any]) -> p.WeightsReply:
+    def reply(self, request_id: str, data: Answer) -> p.WeightsReply:
         return p.WeightsReply(request_id=request_id, data=data, snapshot=self.snapshot())
 
     def refused(self, request_id: str, refusal: Refusal) -> p.WeightsRefused:
@@ -186,17 +127,19 @@ class WeightsBarrier:
     def _holder(self, call: WeightsCall) -> Attachment:
         attachment = self.attachment
         if attachment is None:
-            raise Refusal("NOT_ATTACHED", f"nothing is attached to {self.served_name!r}")
+            raise Refusal(WeightsCode.NOT_ATTACHED, f"nothing is attached to {self.served_name!r}")
         presented = call.attachment_id or ""
         if not hmac.compare_digest(presented.encode(), attachment.id.encode()) or call.label != attachment.label:
-            raise Refusal("NOT_ATTACHMENT_HOLDER", "this call needs the attachment id and the token that attached")
+            raise Refusal(
+                WeightsCode.NOT_ATTACHMENT_HOLDER, "this call needs the attachment id and the token that attached"
+            )
         return attachment
 
-    def _attach(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _attach(self, request_id: str, call: WeightsCall) -> Attached:
         if (held := self.attachment) is not None:
             info = self._attachment_info(held)
             raise Refusal(
-                "ALREADY_ATTACHED",
+                WeightsCode.ALREADY_ATTACHED,
                 f"{held.role} {held.label!r} is attached ({info.state})",
                 role=held.role,
                 label=held.label,
@@ -204,110 +147,113 @@ class WeightsBarrier:
                 attached_at=held.attached_at,
             )
         if self.transition is not None:
-            raise Refusal("NOT_ATTACHABLE", f"a {self.transition.operation} is in progress", "model_transition")
+            raise Refusal(
+                WeightsCode.NOT_ATTACHABLE, f"a {self.transition.operation} is in progress", "model_transition"
+            )
         if self.weights_state == "writing":
             message = "a commit is still open; attach again once the watchdog has torn the set"
-            raise Refusal("NOT_ATTACHABLE", message, "weights_writing")
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, message, "weights_writing")
         if (why := self.host.attach_refusal()) is not None:
-            raise Refusal("NOT_ATTACHABLE", f"model {self.base_name!r} cannot be attached ({why})", why)
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, f"model {self.base_name!r} cannot be attached ({why})", why)
         exported = self.host.export()
         now, mono = self.wall(), self.clock()
         self.attachment = Attachment(secrets.token_urlsafe(24), call.role, call.label, now, now, mono)
         self.exports_since_start += 1
-        return {
-            "attachment_id": self.attachment.id,
-            "model": {"name": self.base_name, "manifest_hash": self.manifest_hash},
-            "weights_state": self.weights_state,
-            "steps_since_load": self.steps_since_load,
-            "heartbeat": {
-                "timeout_s": self.timers.heartbeat_timeout_s,
-                "interval_hint_s": self.timers.heartbeat_interval_hint_s,
-            },
-            "producer": exported["producer"],
-            "storages": exported["storages"],
-            "parameters": exported["parameters"],
-            "release": {"pinned_bytes": exported["pinned_bytes"], "contract": RELEASE_CONTRACT},
-            "config": exported["config"],
-            "layout": self.host.layout(),
-        }
+        return Attached(
+            attachment_id=self.attachment.id,
+            model=ResidentWeights(name=self.base_name, manifest_hash=self.manifest_hash),
+            weights_state=self.weights_state,
+            steps_since_load=self.steps_since_load,
+            heartbeat=HeartbeatTimers(
+                timeout_s=self.timers.heartbeat_timeout_s, interval_hint_s=self.timers.heartbeat_interval_hint_s
+            ),
+            producer=exported["producer"],
+            storages=exported["storages"],
+            parameters=exported["parameters"],
+            release=Release(pinned_bytes=exported["pinned_bytes"], contract=RELEASE_CONTRACT),
+            config=exported["config"],
+            layout=self.host.layout(),
+        )
 
-    def _heartbeat(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _heartbeat(self, request_id: str, call: WeightsCall) -> HeartbeatAnswer:
         attachment = self._holder(call)
         attachment.last_heartbeat_at, attachment.last_heartbeat = self.wall(), self.clock()
         attachment.reported_stale = False
-        return {
-            "attachment_state": "active",
-            "timeout_s": self.timers.heartbeat_timeout_s,
-            "interval_hint_s": self.timers.heartbeat_interval_hint_s,
-            "weights_state": self.weights_state,
-        }
+        return HeartbeatAnswer(
+            attachment_state="active",
+            timeout_s=self.timers.heartbeat_timeout_s,
+            interval_hint_s=self.timers.heartbeat_interval_hint_s,
+            weights_state=self.weights_state,
+        )
 
-    def _quiesce(self, request_id: str, call: WeightsCall) -> dict[str, Any] | None:
+    def _quiesce(self, request_id: str, call: WeightsCall) -> Quiesced | None:
         self._holder(call)
         if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}")
         if self.quiescing is not None:
-            raise Refusal("ALREADY_QUIESCED", "a quiesce is still draining", "quiesce_in_progress")
+            raise Refusal(WeightsCode.ALREADY_QUIESCED, "a quiesce is still draining", "quiesce_in_progress")
         if self.barrier == "quiesced":
-            raise Refusal("ALREADY_QUIESCED", "this attachment already holds the barrier")
+            raise Refusal(WeightsCode.ALREADY_QUIESCED, "this attachment already holds the barrier")
         if self.transition is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", f"a {self.transition.operation} holds the barrier")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, f"a {self.transition.operation} holds the barrier")
         if self.host.queue_full():
-            raise Refusal("QUEUE_FULL", f"model {self.served_name!r} has no queue place left to hold")
+            raise Refusal(WeightsCode.QUEUE_FULL, f"model {self.served_name!r} has no queue place left to hold")
         self.host.pause()
         drain = self.timers.quiesce_drain_timeout_s
         self.quiescing = Pending(request_id, WeightsOperation.QUIESCE, deadline=self.clock() + drain)
         return self._finish_quiesce() if not self.host.running() else None
 
-    def _finish_quiesce(self) -> dict[str, Any]:
+    def _finish_quiesce(self) -> Quiesced:
         """Nothing runs any more: drop what the old weights computed, hold, start the hold timer."""
         self.quiescing = None
         self.host.drop_caches()
         self.barrier = "quiesced"
         self.quiesced_at = self.wall()
         self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-        return {
-            "held_requests": self.host.waiting(),
-            "held_batch_chunks": 0,
-            "weights_state": self.weights_state,
-            "quiesced_at": self.quiesced_at,
-            "hold_deadline": self.quiesced_at + self.timers.hold_timeout_s,
-        }
+        return Quiesced(
+            held_requests=self.host.waiting(),
+            held_batch_chunks=0,
+            weights_state=self.weights_state,
+            quiesced_at=self.quiesced_at,
+            hold_deadline=self.quiesced_at + self.timers.hold_timeout_s,
+        )
 
-    def _resume(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _resume(self, request_id: str, call: WeightsCall) -> BarrierAnswer:
         self._holder(call)
         if self.quiescing is not None:
-            raise Refusal("NOT_QUIESCED", "quiesce is still draining; wait for it to return", "quiesce_in_progress")
+            raise Refusal(
+                WeightsCode.NOT_QUIESCED, "quiesce is still draining; wait for it to return", "quiesce_in_progress"
+            )
         if self.commit is not None and self.weights_state == "writing":
-            raise Refusal("WEIGHTS_NOT_CLEAN", "a commit is open; end it first", "commit_open")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, "a commit is open; end it first", "commit_open")
         if self.barrier == "quiesced" and self.transition is None:
             self._release_hold()
-        return {"barrier": self.barrier, "weights_state": self.weights_state}
+        return BarrierAnswer(barrier=self.barrier, weights_state=self.weights_state)
 
     def _release_hold(self) -> None:
         self.barrier, self.quiesced_at, self.hold_deadline = "serving", None, None
         self.host.resume()
 
-    def _commit_begin(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _commit_begin(self, request_id: str, call: WeightsCall) -> CommitBegun:
         attachment = self._holder(call)
         if self.barrier != "quiesced":
-            raise Refusal("NOT_QUIESCED", "quiesce before commit-begin")
+            raise Refusal(WeightsCode.NOT_QUIESCED, "quiesce before commit-begin")
         if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}")
+            raise Refusal(WeightsCode.WEIGHTS_NOT_CLEAN, f"the weights are {self.weights_state}")
         if self.transition is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", f"a {self.transition.operation} holds the barrier")
+            raise Refusal(WeightsCode.PAUSE_IN_PROGRESS, f"a {self.transition.operation} holds the barrier")
         self.weights_state = "writing"
         self.commit = Commit(attachment.id, self.wall(), self.clock(), self.host.forward_steps())
         self.hold_deadline = None
-        return {"weights_state": "writing", "began_at": self.commit.began_at, "watchdog_ms": self._watchdog_ms}
+        return CommitBegun(weights_state="writing", began_at=self.commit.began_at, watchdog_ms=self._watchdog_ms)
 
-    def _commit_end(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _commit_end(self, request_id: str, call: WeightsCall) -> CommitEnded:
         attachment = self._holder(call)
         commit = self.commit
         if commit is None:
-            raise Refusal("NO_OPEN_COMMIT", "no commit is open")
+            raise Refusal(WeightsCode.NO_OPEN_COMMIT, "no commit is open")
         if commit.owner != attachment.id:
-            raise Refusal("NOT_ATTACHMENT_HOLDER", "only the attachment that began the commit may end it")
+            raise Refusal(WeightsCode.NOT_ATTACHMENT_HOLDER, "only the attachment that began the commit may end it")
         commit_ms = (self.clock() - commit.began) * 1000.0
         overran = self.weights_state == "torn" or commit_ms > self._watchdog_ms
         self.host.weights_written()
@@ -319,15 +265,15 @@ class WeightsBarrier:
             self.last_overrun = {"at": self.wall(), "commit_ms": commit_ms}
         if self.barrier == "quiesced":
             self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-        return {
-            "weights_state": "clean",
-            "steps_since_load": self.steps_since_load,
-            "commit_ms": commit_ms,
-            "overran": overran,
-            "forward_steps_during_commit": self.host.forward_steps() - commit.forward_steps,
-        }
+        return CommitEnded(
+            weights_state="clean",
+            steps_since_load=self.steps_since_load,
+            commit_ms=commit_ms,
+            overran=overran,
+            forward_steps_during_commit=self.host.forward_steps() - commit.forward_steps,
+        )
 
-    def _detach(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _detach(self, request_id: str, call: WeightsCall) -> BarrierAnswer:
         self._holder(call)
         if self.weights_state == "writing":
             self._tear()
@@ -337,48 +283,22 @@ class WeightsBarrier:
             self.quiescing = None
             self.host.resume()
         self.attachment = None
-        return {"weights_state": self.weights_state, "barrier": self.barrier}
+        return BarrierAnswer(barrier=self.barrier, weights_state=self.weights_state)
 
-    def _clear_stale(self, request_id: str, call: WeightsCall) -> dict[str, Any]:
+    def _clear_stale(self, request_id: str, call: WeightsCall) -> Cleared:
         attachment = self.attachment
         if attachment is None:
-            raise Refusal("NOT_ATTACHED", f"nothing is attached to {self.served_name!r}")
+            raise Refusal(WeightsCode.NOT_ATTACHED, f"nothing is attached to {self.served_name!r}")
         info = self._attachment_info(attachment)
         if info.state != "stale":
-            raise Refusal("ATTACHMENT_NOT_STALE", f"{attachment.label!r} is active; the holder may be mid-commit")
+            raise Refusal(
+                WeightsCode.ATTACHMENT_NOT_STALE, f"{attachment.label!r} is active; the holder may be mid-commit"
+            )
         if self.barrier == "quiesced" and self.commit is None and self.transition is None:
             self._release_hold()
         self.attachment = None
-        return {
-            "cleared": {"role": attachment.role, "label": attachment.label, "stale_since": info.stale_since},
-            "weights_state": self.weights_state,
-            "barrier": self.barrier,
-        }
-
-    def _save(self, request_id: str, call: WeightsCall) -> None:
-        self._holder(call)
-        if self.weights_state != "clean":
-            raise Refusal("WEIGHTS_NOT_CLEAN", f"the weights are {self.weights_state}; a save needs them clean")
-        if self.transition is not None or self.quiescing is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", "a quiesce, save or load is in progress")
-        body = dict(call.body)
-        body.setdefault("step", self.parent_step + (self.commits or 0))  # the lineage's next number
-        pending = Pending(request_id, WeightsOperation.SAVE, body=body, phase="save")
-        pending.future = self.executor.submit(self.host.save, body, self.parent, self.base_name)
-        self.transition = pending
-        self.hold_deadline = None
-
-    def _load(self, request_id: str, call: WeightsCall) -> None:
-        if self.weights_state == "writing":
-            raise Refusal(
-                "WEIGHTS_NOT_CLEAN", "a commit is open; end it (or let the watchdog tear the set) first", "commit_open"
-            )
-        if self.transition is not None or self.quiescing is not None:
-            raise Refusal("PAUSE_IN_PROGRESS", "a quiesce, save or load is in progress")
-        pending = Pending(request_id, WeightsOperation.LOAD, body=dict(call.body), phase="read")
-        pending.future = self.executor.submit(self.host.read_checkpoint, pending.body)
-        self.transition = pending
-        self.hold_deadline = None
+        cleared = ClearedAttachment(role=attachment.role, label=attachment.label, stale_since=info.stale_since)
+        return Cleared(cleared=cleared, weights_state=self.weights_state, barrier=self.barrier)
 
     # -- what happens between calls -------------------------------------------------------------------------------
 
@@ -394,7 +314,7 @@ class WeightsBarrier:
                 self.quiescing = None
                 self.host.resume()
                 message = f"running requests did not finish within {self.timers.quiesce_drain_timeout_s:g} s"
-                out.append(self.refused(q.request_id, Refusal("MODEL_BUSY", message, "drain_timeout")))
+                out.append(self.refused(q.request_id, Refusal(WeightsCode.MODEL_BUSY, message, "drain_timeout")))
         if self.transition is not None:
             out += self._advance_transition(now)
         if self.weights_state == "writing" and self.commit is not None and self.transition is None:
@@ -423,83 +343,6 @@ class WeightsBarrier:
         if self.quiescing is not None or self.transition is not None:
             times.append(self.clock())
         return min(times) if times else None
-
-    def _advance_transition(self, now: float) -> list[p.Message]:
-        pending = self.transition
-        if pending.phase == "drain":
-            if not self.host.running():
-                self.host.drop_caches()
-                self.weights_state = "writing"
-                pending.phase = "write"
-                pending.future = self.executor.submit(self.host.write_weights, pending.payload)
-                return self._advance_transition(now)
-            if now >= pending.deadline:
-                self.transition = None
-                self._end_pause(pending)
-                message = f"running requests did not finish within {self.timers.quiesce_drain_timeout_s:g} s"
-                return [self.refused(pending.request_id, Refusal("MODEL_BUSY", message, "drain_timeout"))]
-            return []
-        if not pending.future.done():
-            return []
-        self.transition = None
-        failure = pending.future.exception()
-        if pending.phase == "save":
-            if self.barrier == "quiesced":
-                self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-            if failure is not None:
-                return [self.refused(pending.request_id, _as_refusal(failure, "SAVE_FAILED"))]
-            manifest = pending.future.result()
-            self.saved_steps = self.steps_since_load
-            self.last_save = {
-                "checkpoint_sha256": manifest["weights_sha256"],
-                "at": self.wall(),
-                "path": manifest["path"],
-            }
-            self._name_weights(manifest["name"], "checkpoint", manifest["weights_sha256"], manifest["step"])
-            return [self.reply(pending.request_id, manifest)]
-        if pending.phase == "read":
-            if failure is not None:
-                if self.barrier == "quiesced":
-                    self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-                return [self.refused(pending.request_id, _as_refusal(failure, "LOAD_FAILED"))]
-            pending.payload = pending.future.result()
-            pending.phase, pending.deadline = "drain", now + self.timers.quiesce_drain_timeout_s
-            if self.barrier == "serving":
-                pending.paused_here = True
-                self.host.pause()
-            self.transition = pending
-            return self._advance_transition(now)
-        # the write ended: clean with the new weights, or torn when it broke off partway
-        if failure is not None:
-            out = self._tear()
-            self._end_pause(pending)
-            return [*out, self.refused(pending.request_id, _as_refusal(failure, "LOAD_FAILED"))]
-        self.host.weights_written()
-        self.weights_state, self.commit = "clean", None
-        self.steps_since_load = self.saved_steps = 0
-        body = pending.body
-        self.parent, self.parent_step = body.get("parent"), 0
-        origin = body.get("origin", "model")
-        self._name_weights(body["served_name"], origin, body.get("manifest_hash"), body.get("step", 0))
-        self._end_pause(pending)
-        return [
-            self.reply(
-                pending.request_id, {"weights_state": "clean", "served_name": self.served_name, "steps_since_load": 0}
-            )
-        ]
-
-    def _end_pause(self, pending: Pending) -> None:
-        if pending.paused_here:
-            self.host.resume()
-        elif self.barrier == "quiesced":
-            self.hold_deadline = self.clock() + self.timers.hold_timeout_s
-
-    def _name_weights(self, served_name: str, origin: str, manifest_hash: str | None, step: int = 0) -> None:
-        """The served weights now answer under `served_name` (a checkpoint's: saved or loaded as step `step`);
-        commits count again from here."""
-        if origin == "checkpoint":
-            self.parent, self.parent_step = served_name, step
-        self.served_name, self.origin, self.manifest_hash, self.commits = served_name, origin, manifest_hash, 0
 
     def _tear(self) -> list[p.Message]:
         """The weights are half-written: nothing is served until a load restores them; held requests are refused."""
@@ -565,9 +408,3 @@ class WeightsBarrier:
             layout=self.host.layout(),
             forward_steps=self.host.forward_steps(),
         )
-
-
-def _as_refusal(exc: BaseException, code: str) -> Refusal:
-    if isinstance(exc, Refusal):
-        return exc
-    return Refusal(code, f"{type(exc).__name__}: {exc}")

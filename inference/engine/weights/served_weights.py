@@ -17,8 +17,9 @@ import torch
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import CheckpointCorrupt
 from inference.engine.contract.reasons import Reason
+from inference.engine.contract.weights import LoadTarget, SaveRequest, WeightsCode
 from inference.engine.loaders.loaded import LoadedModel
-from inference.engine.weights.barrier import Refusal, ShapeMismatch
+from inference.engine.weights.barrier_state import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
     read_weights,
@@ -123,7 +124,7 @@ class ServedWeights:
     def _views(self):
         views = self.hosted.model.parameters
         if views is None:
-            raise Refusal("NOT_ATTACHABLE", f"model {self.name!r} was not loaded attachable", "allocator")
+            raise Refusal(WeightsCode.NOT_ATTACHABLE, f"model {self.name!r} was not loaded attachable", "allocator")
         return views
 
     def _config(self) -> dict[str, Any] | None:
@@ -131,35 +132,35 @@ class ServedWeights:
         file = Path(self.hosted.model.path) / "config.json"
         return json.loads(file.read_text()) if file.is_file() else None
 
-    def save(self, body: dict[str, Any], parent: str | None, base_name: str) -> dict[str, Any]:
+    def save(self, request: SaveRequest, parent: str | None, base_name: str) -> dict[str, Any]:
         model = self.hosted.model
         source = Path(model.path)
         try:
             return save_checkpoint(
                 self._views(),
                 source_dir=source if source.is_dir() else source.parent,
-                root=Path(body["root"]),
-                run_id=body["run_id"],
-                step=int(body["step"]),
+                root=Path(request.root),
+                run_id=request.run_id,
+                step=int(request.step),
                 parent=parent,
                 base_model=base_name,
             )
         except CheckpointExists as exc:
             raise Refusal(
-                "CHECKPOINT_EXISTS",
-                f"step {body['step']} of run {body['run_id']!r} is saved already; give another step",
+                WeightsCode.CHECKPOINT_EXISTS,
+                f"step {request.step} of run {request.run_id!r} is saved already; give another step",
             ) from exc
 
-    def read_checkpoint(self, body: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def read_checkpoint(self, target: LoadTarget) -> dict[str, torch.Tensor]:
         """The tensors to write, checked before anything is touched: the manifest's sha256 (a checkpoint), then
         every name and shape against the resident parameters."""
         views = self._views()
-        path = Path(body["path"])
-        if body.get("verify"):
+        path = Path(target.path)
+        if target.verify:
             try:
                 verify_checkpoint(path)
             except CheckpointCorrupt as exc:
-                raise Refusal("CHECKPOINT_CORRUPT", str(exc)) from exc
+                raise Refusal(WeightsCode.CHECKPOINT_CORRUPT, str(exc)) from exc
         tensors = read_weights(path)
         for name, tensor in tensors.items():
             view = views.views.get(name)

@@ -16,7 +16,7 @@ import pytest
 from pantheon_site.models import AuditEvent
 from tests.inference.serving import sse_events, wait_for
 from tests.inference.session_turns import assistant_message, chat, load, unload
-from tests.inference.weights_calls import EOS, Holder, load_attachable, new_token, status, weights_call
+from tests.weights.weights_calls import EOS, Holder, load_attachable, new_token, status, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

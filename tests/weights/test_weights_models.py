@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from inference.models import CatalogModel
+from pantheon_trainer.client import WeightsClient
 from tests.inference.serving import REPO_ROOT, bearer, operator_client, wait_for
 from tests.inference.session_turns import load
-from tests.inference.weights_calls import Holder, greedy, load_attachable, new_token, status, text, weights_call
-from weights.client import WeightsClient
+from tests.weights.weights_calls import Holder, greedy, load_attachable, new_token, status, text, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,7 +44,7 @@ def model_status(server, model: str) -> dict:
 def docs_example() -> str:
     """The trainer of docs/weights.md's example ("In one example"), exactly as the page shows it."""
     page = (REPO_ROOT / "docs" / "weights.md").read_text()
-    return re.search(r"```python\n(from weights\.client import WeightsClient\n.*?)```", page, re.S).group(1)
+    return re.search(r"```python\n(from pantheon_trainer\.client import WeightsClient\n.*?)```", page, re.S).group(1)
 
 
 def test_one_attachable_model_beside_demo_is_the_default(server, api, demo_dir, stories_hf_dir):

@@ -1,5 +1,5 @@
-"""A trainer process, as a user would write one with weights/client.py: attach, one in-place write inside the
-barrier, save, detach. Run by test_weights_trainer.py: `python -m tests.inference.weights_trainer URL TOKEN RUN_ID`.
+"""A trainer process, as a user would write one with pantheon_trainer/client.py: attach, one in-place write inside the
+barrier, save, detach. Run by test_weights_trainer.py: `python -m tests.weights.weights_trainer URL TOKEN RUN_ID`.
 
 It reports each step as a JSON line on stdout, and waits for a line on stdin inside the write (so the test can send
 requests while serving is held) and before the save.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from weights.client import WeightsClient
+from pantheon_trainer.client import WeightsClient
 
 
 def report(event: str, **fields) -> None:

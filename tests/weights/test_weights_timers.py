@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from inference.models import CatalogModel
+from pantheon_trainer.client import WeightsClient
 from tests.inference.serving import wait_for
-from tests.inference.weights_calls import Holder, load_attachable, new_token, status, weights_call
-from weights.client import WeightsClient
-from weights.schema_check import validate_weights_response
+from tests.weights.schema_check import validate_weights_response
+from tests.weights.weights_calls import Holder, load_attachable, new_token, status, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

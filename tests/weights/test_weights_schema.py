@@ -1,5 +1,5 @@
 """The published response schemas (docs/schemas/millm-weights-api-v1.json and health-detailed.json) against the real
-routes: one write cycle over HTTP on a real server, every body validated by weights/schema_check.py, success bodies
+routes: one write cycle over HTTP on a real server, every body validated by schema_check.py, success bodies
 against their route's data inside the success envelope and refusals against the error envelope. And the check can
 fail: a body with a wrong value is refused."""
 
@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from tests.inference.serving import operator_client, wait_for
-from tests.inference.weights_calls import Answer, Holder, load_attachable, new_token, weights_call
-from weights.schema_check import routes, validate_health_detailed, validate_weights_response
+from tests.weights.schema_check import routes, validate_health_detailed, validate_weights_response
+from tests.weights.weights_calls import Answer, Holder, load_attachable, new_token, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,7 +1,7 @@
 """Checks a response body against the published schemas: docs/schemas/millm-weights-api-v1.json (every
 /api/weights route, in the management envelope) and docs/schemas/health-detailed.json (GET /api/health/detailed).
 
-Torch-free, for tests and for a trainer that wants to check what it got. Each document is read once; its `$ref`s
+Used by the weights tests (test_weights_schema.py, test_weights_timers.py). Each document is read once; its `$ref`s
 resolve within it (through a `referencing` registry keyed by the document's `$id`). A body that does not fit raises
 `jsonschema.ValidationError` (the most relevant of the errors found).
 """
@@ -17,7 +17,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 from referencing import Registry, Resource
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 WEIGHTS_SCHEMA = SCHEMA_DIR / "millm-weights-api-v1.json"
 HEALTH_SCHEMA = SCHEMA_DIR / "health-detailed.json"
 

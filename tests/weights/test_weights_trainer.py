@@ -1,4 +1,4 @@
-"""A real trainer in a separate process, with weights/client.py, against a real server on CPU: attach (shared-memory
+"""A real trainer in a separate process, with pantheon_trainer, against a real server on CPU: attach (shared-memory
 handles), quiesce, commit-begin, an in-place write, commit-end, resume; requests sent during the hold are served
 after it with the new weights; save; restart the platform; load the checkpoint; the output is the trained one."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.inference.serving import REPO_ROOT, operator_client, wait_for
 from tests.inference.session_turns import load
-from tests.inference.weights_calls import greedy, new_token, status, text, weights_call
+from tests.weights.weights_calls import greedy, new_token, status, text, weights_call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +25,7 @@ class Trainer:
 
     def __init__(self, url: str, token: str, run_id: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.inference.weights_trainer", url, token, run_id],
+            [sys.executable, "-m", "tests.weights.weights_trainer", url, token, run_id],
             cwd=REPO_ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
