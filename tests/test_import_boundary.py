@@ -159,8 +159,8 @@ FLOORS = [
     ("weights", EDGE, ()),
     # The UI reads and acts through the services, never through the HTTP edge or the runtime's router.
     ("admin_ui", ("inference.api", "inference.runtime"), ()),
-    # The commands likewise; they share with the HTTP edge only the operator credential they present to it.
-    ("inference.management", ("inference.api", "inference.runtime.router"), ("inference.api.operator_auth",)),
+    # The commands likewise (the local credential they present is pantheon_site's, below both).
+    ("inference.management", ("inference.api", "inference.runtime.router"), ()),
 ]
 
 

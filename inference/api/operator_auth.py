@@ -13,27 +13,18 @@ import functools
 import re
 import time
 
-from inference.management.run_file import LOCAL_SECRET_PREFIX, secrets_match
 from pantheon_site.audit import aaudit_request, request_actor
 from pantheon_site.auth import arequire_client_token, operator_route, run_audited_view
 from pantheon_site.errors import Unauthorized
+from pantheon_site.local_credential import ACTOR_HEADER, is_local_secret, matches_installed
 
-ACTOR_HEADER = "X-Pantheon-Actor"
 _ACTOR = re.compile(r"[\w.@:+-]{1,100}")
-
-_local_secret: str | None = None
-
-
-def install_local_secret(secret: str | None) -> None:
-    """The credential of this run (serve sets it when it writes the run file; None refuses every local call)."""
-    global _local_secret
-    _local_secret = secret
 
 
 def _local_secret_of(request) -> str | None:
     scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
     secret = secret.strip()
-    if scheme.lower() == "bearer" and secret.startswith(LOCAL_SECRET_PREFIX):
+    if scheme.lower() == "bearer" and is_local_secret(secret):
         return secret
     return None
 
@@ -65,7 +56,7 @@ async def _local_call(view, operation: str, secret: str, request, *args, **kwarg
 
 async def _local_actor(request, operation: str, secret: str, started: float | None = None) -> dict:
     """The audit actor of a call made with the local credential (refused and audited when it is not this run's)."""
-    if not secrets_match(secret, _local_secret):
+    if not matches_installed(secret):
         error = Unauthorized(reason="local_secret_unknown")
         await aaudit_request(request, operation, error=error, started=started)
         raise error

@@ -8,16 +8,12 @@ server stops. A command that finds the file checks that the pid is alive and the
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
-import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from django.conf import settings
-
-LOCAL_SECRET_PREFIX = "pthl_"  # told apart from database tokens (pth_) before any lookup
 
 
 @dataclass(slots=True)
@@ -29,10 +25,6 @@ class RunInfo:
 
 def run_file_path() -> Path:
     return Path(settings.PANTHEON_RUN_DIR) / "server.json"
-
-
-def new_admin_secret() -> str:
-    return LOCAL_SECRET_PREFIX + secrets.token_urlsafe(32)
 
 
 def write_run_file(info: RunInfo) -> Path:
@@ -71,8 +63,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def secrets_match(given: str, expected: str | None) -> bool:
-    """Constant-time comparison of a presented local credential with this run's."""
-    return expected is not None and hmac.compare_digest(given.encode(), expected.encode())

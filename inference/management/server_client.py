@@ -13,9 +13,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from inference.api.operator_auth import ACTOR_HEADER
 from inference.management.run_file import RunInfo, pid_alive, read_run_file
 from pantheon_site.errors import PantheonError
+from pantheon_site.local_credential import ACTOR_HEADER
 
 PROBE_TIMEOUT_S = 3.0
 

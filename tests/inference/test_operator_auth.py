@@ -7,9 +7,9 @@ from django.db import close_old_connections
 from django.http import JsonResponse
 from django.urls import path
 
-from inference.api.operator_auth import ACTOR_HEADER, admin_route, install_local_secret
-from inference.management.run_file import new_admin_secret
+from inference.api.operator_auth import admin_route
 from pantheon_site.errors import UnloadFailed
+from pantheon_site.local_credential import ACTOR_HEADER, install_local_secret, new_admin_secret
 from pantheon_site.models import AuditEvent
 from pantheon_site.urls import handler404, handler500  # noqa: F401  (this test urlconf uses the project's)
 

@@ -22,10 +22,10 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from inference.api.operator_auth import install_local_secret
-from inference.management.run_file import RunInfo, new_admin_secret, remove_run_file, write_run_file
+from inference.management.run_file import RunInfo, remove_run_file, write_run_file
 from inference.management.server_client import running_server
 from inference.runtime.host_probe import build_id
+from pantheon_site.local_credential import install_local_secret, new_admin_secret
 from pantheon_site.management.base import CommandResult, PantheonCommand
 
 
