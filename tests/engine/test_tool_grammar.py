@@ -15,13 +15,13 @@ import torch
 
 from inference.engine.contract.dialects.base import DIALECTS
 from inference.engine.contract.dialects.grammar import tool_call_grammar
-from inference.engine.contract.dialects.parser import parse_tool_calls
 from inference.engine.contract.dialects.registry import DIALECT
 from inference.engine.contract.params import SamplingParams
 from inference.engine.grammar import GrammarCompiler
 from inference.engine.sampler import SequenceSampling, sample_batch
 from inference.engine.text.tokenizer import Tokenizer
 from tests.engine.digit_model import BOUNDED_NUMBER, digit_runs, numbers_in, write_under
+from tests.tool_parsing import parse_tool_calls
 from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 

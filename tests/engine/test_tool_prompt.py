@@ -7,11 +7,11 @@ import json
 import pytest
 
 from inference.engine.contract.dialects.base import DIALECTS
-from inference.engine.contract.dialects.parser import parse_tool_calls
 from inference.engine.contract.dialects.registry import DIALECT
 from inference.engine.demo_model import CHAT_TEMPLATE
 from inference.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inference.engine.text.tool_prompt import choose_dialect, with_decoded_arguments, with_tools_as_text
+from tests.tool_parsing import parse_tool_calls
 
 TOOLS = [
     {

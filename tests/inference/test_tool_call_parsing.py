@@ -11,7 +11,8 @@ import re
 import pytest
 
 from inference.engine.contract.dialects.base import DIALECTS
-from inference.engine.contract.dialects.parser import ToolCall, ToolCallError, ToolCallParser, parse_tool_calls
+from inference.engine.contract.dialects.parser import ToolCall, ToolCallError, ToolCallParser
+from tests.tool_parsing import parse_tool_calls
 
 TOOLS = [
     {

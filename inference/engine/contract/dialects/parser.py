@@ -102,13 +102,3 @@ class ToolCallParser:
         if errors and self.error is None:
             self.error = errors[0]
         return calls
-
-
-def parse_tool_calls(
-    dialect: ToolDialect, tools: list[dict], text: str
-) -> tuple[str | None, list[ToolCall], ToolCallError | None]:
-    """A whole output at once: (content, calls, error); content is None when calls were parsed and no other text is
-    left."""
-    parser = ToolCallParser(dialect, tools)
-    content = parser.push(text)[0] + parser.flush()[0]
-    return (None if parser.calls and not content else content), parser.calls, parser.error
