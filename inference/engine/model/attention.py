@@ -5,12 +5,17 @@ step's gathers the paged pool into SDPA: execution/compiled_step.py) and in what
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from inference.engine.kernels.paged_attention import decode_attention
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.rope import rotate_half
+
+# How an execution's attention reaches the KV: (layer, qkv [T, H + 2 Hkv, hd] not yet rotated) -> [T, H * hd]
+Attend = Callable[[int, torch.Tensor], torch.Tensor]
 
 
 class CacheAttention:

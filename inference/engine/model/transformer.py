@@ -1,8 +1,11 @@
 """One decoder-only transformer for the llama, mistral, qwen2 and qwen3 checkpoints `ModelConfig` describes.
 
-The architectures differ only in switches the config carries: q/k/v bias (qwen2), per-head q/k RMSNorm before RoPE
-(qwen3), Llama-3 RoPE frequency scaling, tied embeddings. Mistral's sliding window never matters because the engine
-caps its context at the window (`ModelConfig.context_window`).
+The architectures differ only in switches the config carries, each read once, by the module it changes: q/k/v bias
+(the q/k/v linear layer; qwen2), per-head q/k RMSNorm before RoPE (Attention; qwen3), the norms' eps (RMSNorm), RoPE's
+theta and Llama-3 scaling (rope.py's tables), tied embeddings (the head's weight). Mistral's sliding window never
+matters because the engine caps its context at the window (`ModelConfig.context_window`). `Block.forward` is the one
+description of a layer's step: the eager forward and the compiled decode step (execution/compiled_step.py) run it,
+each with its own way to the KV (`Attend`); the decode plan (execution/decode_plan.py) lowers it to kernel calls.
 
 The model is built on the meta device and receives its weights with `load_state_dict(assign=True)`, so no memory is
 spent on a random init. q/k/v and gate/up are fused into one matrix each at load: one matmul instead of three (two)
@@ -24,7 +27,7 @@ from torch import nn
 from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.kv.kv_cache import CacheView, KVCache
-from inference.engine.model.attention import CacheAttention
+from inference.engine.model.attention import Attend, CacheAttention
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.rope import rope_tables
 from inference.engine.quant.quantize import quantize_linears
@@ -206,10 +209,6 @@ class Attention(nn.Module):
         return self.wo.forward(attend(self.layer, qkv))
 
 
-# How an execution's attention reaches the KV: (layer, qkv [T, H + 2 Hkv, hd] not yet rotated) -> [T, H * hd]
-Attend = Callable[[int, torch.Tensor], torch.Tensor]
-
-
 class FeedForward(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up as one matmul."""
 
@@ -355,9 +354,8 @@ class Transformer(nn.Module):
         group, since each has its own shape (a chunk of S positions, or one position per decode row)."""
         # tokens: [T] long; select: [N] long -> logits: [T or N, V]
         positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
-        positions = views[0].positions.reshape(-1) if positions is None else positions
         x = self.embed.forward(tokens)
-        cos, sin_signed = self.rope_rows(positions, x.dtype)
+        cos, sin_signed = self.rope_rows(views[0].positions.reshape(-1) if positions is None else positions, x.dtype)
         attend = CacheAttention(cache, views, cos, sin_signed, self.config.num_heads, self.config.num_kv_heads)
         x, delta = run_blocks(self.layers, x, attend)
         if select is not None:
