@@ -20,8 +20,9 @@ float32 C kernel's: weights the compiler cannot lower, or calls it cannot see in
 custom op `pantheon::linear_layer`, so each keeps its own kernel. The graph shares the model's parameters and the KV
 pool: no weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
 
-`DecodeGraph` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
-bias lives in the linear layers, qwen3's q/k norm is applied here); test_compiled_step.py holds it to the eager
+`DecodeGraph` runs the model's own blocks (transformer.Block.forward, the one description of a layer's step, with
+every architecture switch in it), differing from the eager forward only in its way to the KV (`GatheredAttention`)
+and in how its linear layers are called; test_compiled_step.py and test_decode_description.py hold it to the eager
 forward's greedy tokens.
 """
 
