@@ -30,6 +30,7 @@ from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.transformer import (
     Block,
     FloatLinear,
+    RMSNorm,
     Transformer,
     TransposedLinear,
     transposed_product,
@@ -104,8 +105,9 @@ def lowers(block: Block, eps: float) -> bool:
     """Whether the plan's layer step is `block`'s: the plan lowers Block.forward as it stands (norm, q/k/v with its
     bias, the paged kernel's rotation, store and attention, o_proj, norm, gate/up, SwiGLU, down), reading every switch
     from the block's modules, with one eps for every norm; a block with a switch it does not lower (qwen3's q/k norm,
-    a norm of another eps) is the forward's to run."""
-    return block.attention.qk_norm is None and block.attention_norm.eps == block.ffn_norm.eps == eps
+    a norm of another kind or eps) is the forward's to run."""
+    norms = (block.attention_norm, block.ffn_norm)
+    return block.attention.qk_norm is None and all(type(norm) is RMSNorm and norm.eps == eps for norm in norms)
 
 
 def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall | None:
@@ -174,6 +176,7 @@ class DecodePlan:
             or MATMUL is None
             or model.norm.weight.device.type != "cpu"
             or model.norm.weight.dtype != torch.float32
+            or type(model.norm) is not RMSNorm
         ):
             return None
         layers = []
