@@ -157,7 +157,7 @@ class DecodeGraph(nn.Module):
 
 
 class GatheredAttention:
-    """The compiled step's way to the KV (transformer.Attend): rotates one token's queries and keys per row, writes
+    """The compiled step's way to the KV (an attention.Attend): rotates one token's queries and keys per row, writes
     its key and value into the pool and attends over each row's blocks gathered whole, as CacheAttention does for a
     decode step."""
 
