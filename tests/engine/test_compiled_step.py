@@ -144,7 +144,9 @@ def test_float32_layers_on_the_c_kernel_run_as_opaque_calls(tmp_path):
 
 def test_steps_with_other_threads_than_compiled_for_fall_back(stories_gguf_path):
     model = load_model(stories_gguf_path, max_concurrent=1, context_window=128)
-    graphs = DecodeGraphs(model.runner, [1])  # made for this test's one thread, as if warmed up
+    graphs = DecodeGraphs(
+        model.runner.model, model.runner.cache, [1]
+    )  # made for this test's one thread, as if warmed up
     graphs.pending.clear()
     model.runner.graphs = graphs
     torch.set_num_threads(2)
@@ -168,7 +170,9 @@ def test_a_failing_compiler_leaves_decode_eager_and_says_why(eager, stories_gguf
 
 def test_a_step_that_fails_is_redone_eagerly_and_decoding_stays_eager(eager, stories_gguf_path):
     model = load_model(stories_gguf_path, max_concurrent=2, context_window=128)
-    graphs = DecodeGraphs(model.runner, [1, 2])  # as if warmed up, with a graph that breaks at its first step
+    graphs = DecodeGraphs(
+        model.runner.model, model.runner.cache, [1, 2]
+    )  # as if warmed up, with a graph that breaks at its first step
 
     def broken_graph(*args, **kwargs):
         raise RuntimeError("index out of bounds")

@@ -17,7 +17,7 @@ from inference.engine.loaders.gguf import read_gguf
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.config import ModelConfig
-from inference.engine.model.transformer import rope_inv_freq
+from inference.engine.model.rope import rope_inv_freq
 from tests.engine.gguf_builders import gguf_tensors_from_hf, write_gguf
 
 TINY = {

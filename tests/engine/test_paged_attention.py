@@ -14,7 +14,7 @@ from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.kernels.paged_attention import KERNEL, decode_attention
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import rotate_half
+from inference.engine.model.rope import rotate_half
 from tests.greedy import greedy
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."

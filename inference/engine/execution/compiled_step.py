@@ -20,27 +20,35 @@ float32 C kernel's: weights the compiler cannot lower, or calls it cannot see in
 custom op `pantheon::linear_layer`, so each keeps its own kernel. The graph shares the model's parameters and the KV
 pool: no weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
 
-`DecodeGraph` restates Transformer's block for one token per row (the architecture's switches included: q/k/v
-bias lives in the linear layers, qwen3's q/k norm is applied here); test_compiled_step.py holds it to the eager
+`DecodeGraph` runs the model's own blocks (transformer.Block.forward, the one description of a layer's step, with
+every architecture switch in it), differing from the eager forward only in its way to the KV (`GatheredAttention`)
+and in how its linear layers are called; test_compiled_step.py and test_decode_description.py hold it to the eager
 forward's greedy tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.execution.eager_step import prefill_one_token
 from inference.engine.kv.kv_cache import CacheView, KVCache
-from inference.engine.model.transformer import Transformer, TransposedLinear, rotate_half
-
-if TYPE_CHECKING:
-    from inference.engine.execution.runner import ModelRunner
+from inference.engine.model.rope import rotate_half
+from inference.engine.model.transformer import (
+    Attention,
+    FeedForward,
+    RMSNorm,
+    Transformer,
+    TransposedLinear,
+    run_blocks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,33 +91,48 @@ class OpaqueLinear(nn.Module):
         return linear_layer(x, self.index, self.out_features)
 
 
+def with_linears(module: nn.Module, wrap: Callable[[str, nn.Module], nn.Module]) -> nn.Module:
+    """A shallow copy of a block (or of its attention or feed-forward) whose linear layers are `wrap(name, layer)`:
+    the block's own code, norms and parameters, its linear layers called as the graph calls them."""
+    clone = copy.copy(module)  # shares the parameters; only the children's dict is its own
+    children = {}
+    for name, child in module.named_children():
+        if isinstance(child, (Attention, FeedForward)):
+            children[name] = with_linears(child, wrap)
+        else:
+            children[name] = child if isinstance(child, RMSNorm) else wrap(name, child)
+    clone.__dict__["_modules"] = children
+    return clone
+
+
 class DecodeGraph(nn.Module):
     """A Transformer's decode forward, one token per row, over the paged KV pool given as tensors: what is compiled
-    (or captured). It holds the model's own modules, so it costs no memory."""
+    (or captured). It runs the model's own blocks (transformer.Block, copies sharing the model's modules, so it
+    costs no memory) with their linear layers wrapped in OpaqueLinear, and `GatheredAttention` as their way to the
+    KV: an architecture switch of the blocks is the graph's without a word here."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         config = model.config
         self.model = model
-        d, qkv = config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.linear_layers: list[nn.Module] = []  # every linear layer, in the order OpaqueLinear.index counts
+        self.linears: list[list[OpaqueLinear]] = []  # each block's wrapped linear layers, then the head's
+        d, qkv = config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+        widths = {"wqkv": qkv, "wo": d, "w13": 2 * config.intermediate_size, "w2": d, "lm_head": config.vocab_size}
 
-        def wrap(layer: nn.Module, out_features: int) -> OpaqueLinear:
+        def wrap(name: str, layer: nn.Module) -> OpaqueLinear:
             self.linear_layers.append(layer)
-            return OpaqueLinear(layer, out_features, len(self.linear_layers) - 1)
+            self.linears[-1].append(OpaqueLinear(layer, widths[name], len(self.linear_layers) - 1))
+            return self.linears[-1][-1]
 
-        self.linears = nn.ModuleList(
-            nn.ModuleList(
-                [
-                    wrap(block.attention.wqkv, qkv),
-                    wrap(block.attention.wo, d),
-                    wrap(block.feed_forward.w13, 2 * config.intermediate_size),
-                    wrap(block.feed_forward.w2, d),
-                ]
-            )
-            for block in model.layers
-        )
-        self.lm_head = wrap(model.lm_head, config.vocab_size)
+        blocks = []
+        for block in model.layers:
+            self.linears.append([])
+            blocks.append(with_linears(block, wrap))
+        self.blocks = nn.ModuleList(blocks)
+        self.linears.append([])
+        self.lm_head = wrap("lm_head", model.lm_head)
+        self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
 
     def forward(
         self,
@@ -121,58 +144,59 @@ class DecodeGraph(nn.Module):
         blocks: torch.Tensor,
     ) -> torch.Tensor:
         # keys, values: per layer [Hkv, num_blocks + 1, bs, hd]; tokens, positions: [B, 1] long;
-        # write_rows: [B * Hkv] long; blocks: [Hkv, B, nb] long -> logits [B, 1, V]
+        # write_rows: [B * Hkv] long; blocks: [Hkv, B, nb] long -> logits [B, V]
         model = self.model
-        x = model.embed(tokens)  # [B, 1, D]
-        cos = model.rope_cos[positions].to(x.dtype).unsqueeze(2)  # [B, 1, 1, hd]
-        sin_signed = model.rope_sin_signed[positions].to(x.dtype).unsqueeze(2)
+        x = model.embed(tokens.view(-1))  # [B, D]
+        cos, sin_signed = model.rope_rows(positions.view(-1), x.dtype)  # [B, 1, hd]
         # every position of the blocks read is attended over, those past a row's own masked: no slicing to a length
         key_positions = torch.arange(blocks.shape[2] * keys[0].shape[2], device=positions.device)  # [nb * bs]
         mask = (key_positions[None, :] <= positions)[:, None, None, :]  # [B, 1, 1, nb * bs]
-        for block, (wqkv, wo, w13, w2), key_pool, value_pool in zip(
-            model.layers, self.linears, keys, values, strict=True
-        ):
-            attention = block.attention
-            heads, kv_heads, head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
-            qkv = wqkv(block.attention_norm(x)).view(x.shape[0], 1, -1, head_dim)  # [B, 1, H + 2 Hkv, hd]
-            qk, v = qkv.split_with_sizes((heads + kv_heads, kv_heads), dim=2)
-            if attention.qk_norm is not None:
-                qk = attention.qk_norm(qk)
-            q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((heads, kv_heads), dim=2)
-            out = gathered_attention(q, k, v, key_pool, value_pool, write_rows, blocks, mask)
-            x = x + wo(out)
-            gate, up = w13(block.ffn_norm(x)).chunk(2, dim=-1)
-            x = x + w2(F.silu(gate) * up)
-        return self.lm_head(model.norm(x))
+        attend = GatheredAttention(keys, values, write_rows, blocks, mask, cos, sin_signed, self.heads, self.kv_heads)
+        x, delta = run_blocks(self.blocks, x, attend)
+        return self.lm_head(model.norm(x, delta))
 
 
-def gathered_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    key_pool: torch.Tensor,
-    value_pool: torch.Tensor,
-    write_rows: torch.Tensor,
-    blocks: torch.Tensor,
-    mask: torch.Tensor,
-) -> torch.Tensor:
-    """Writes one token's keys and values per row into the pool and attends over each row's blocks, as
-    KVCache.update and Attention.forward do for a decode step."""
-    # q: [B, 1, H, hd]; k, v: [B, 1, Hkv, hd]; blocks: [Hkv, B, nb]; mask: [B, 1, 1, nb * bs] -> [B, 1, H * hd]
-    batch, _, heads, head_dim = q.shape
-    kv_heads, _, block_size, _ = key_pool.shape
-    key_pool.view(-1, head_dim).index_copy_(0, write_rows, k.reshape(-1, head_dim).to(key_pool.dtype))
-    value_pool.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim).to(value_pool.dtype))
-    rows = blocks.reshape(-1)
+class GatheredAttention:
+    """The compiled step's way to the KV (an attention.Attend): rotates one token's queries and keys per row, writes
+    its key and value into the pool and attends over each row's blocks gathered whole, as CacheAttention does for a
+    decode step."""
 
-    def gather(pool: torch.Tensor) -> torch.Tensor:
-        gathered = pool.view(-1, block_size * head_dim).index_select(0, rows)  # [Hkv * B * nb, bs * hd]
-        return gathered.view(kv_heads, batch, -1, head_dim).transpose(0, 1).to(q.dtype)  # [B, Hkv, nb * bs, hd]
+    def __init__(
+        self,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        write_rows: torch.Tensor,
+        blocks: torch.Tensor,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+    ):
+        # blocks: [Hkv, B, nb]; mask: [B, 1, 1, nb * bs]; cos, sin_signed: [B, 1, hd]
+        self.keys, self.values, self.write_rows, self.mask = keys, values, write_rows, mask
+        self.rows = blocks.reshape(-1)
+        self.cos, self.sin_signed, self.heads, self.kv_heads = cos, sin_signed, heads, kv_heads
 
-    # each kv head's group of query heads attends as that many query positions (as the eager decode does)
-    grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(grouped, gather(key_pool), gather(value_pool), attn_mask=mask)
-    return out.reshape(batch, 1, heads * head_dim)
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        # qkv: [B, H + 2 Hkv, hd] -> [B, H * hd]
+        batch, _, head_dim = qkv.shape
+        heads, kv_heads = self.heads, self.kv_heads
+        qk, v = qkv.split_with_sizes((heads + kv_heads, kv_heads), dim=1)
+        q, k = rotate_half(qk, self.cos, self.sin_signed).split_with_sizes((heads, kv_heads), dim=1)
+        key_pool, value_pool = self.keys[layer], self.values[layer]
+        key_pool.view(-1, head_dim).index_copy_(0, self.write_rows, k.reshape(-1, head_dim).to(key_pool.dtype))
+        value_pool.view(-1, head_dim).index_copy_(0, self.write_rows, v.reshape(-1, head_dim).to(value_pool.dtype))
+        block_size = key_pool.shape[2]
+
+        def gather(pool: torch.Tensor) -> torch.Tensor:
+            gathered = pool.view(-1, block_size * head_dim).index_select(0, self.rows)  # [Hkv * B * nb, bs * hd]
+            return gathered.view(kv_heads, batch, -1, head_dim).transpose(0, 1).to(q.dtype)  # [B, Hkv, nb * bs, hd]
+
+        # each kv head's group of query heads attends as that many query positions (as the eager decode does)
+        grouped = q.reshape(batch, kv_heads, heads // kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(grouped, gather(key_pool), gather(value_pool), attn_mask=self.mask)
+        return out.reshape(batch, heads * head_dim)
 
 
 def decode_buckets(max_concurrent: int) -> list[int]:
@@ -249,19 +273,19 @@ class DecodeGraphs:
     """A runner's decode graphs: `mode` "compiled" (CPU), "cuda_graphs" (CUDA) or "eager" (off, or fallen back:
     `fallback_reason` says why), the `buckets` that hold a graph, and the warm-up's milliseconds."""
 
-    def __init__(self, runner: ModelRunner, buckets: list[int] | None = None):
-        self.runner = runner
-        self.cuda = runner.device.type == "cuda"
+    def __init__(self, model: Transformer, cache: KVCache, buckets: list[int]):
+        self.model, self.cache = model, cache
+        self.cuda = cache.device.type == "cuda"
         self.mode = "cuda_graphs" if self.cuda else "compiled"
-        self.buckets = sorted(buckets or decode_buckets(runner.max_concurrent))
+        self.buckets = sorted(buckets)
         self.threads = torch.get_num_threads()  # the intra-op threads the graphs were made for
         self.warmup_ms = 0.0
         self.bucket_ms: dict[int, float] = {}  # each bucket's share of the warm-up
         self.pending = list(reversed(self.buckets))  # not warmed up yet; CUDA graphs share one memory pool, the
         # largest captured first
         self.fallback_reason: str | None = None
-        self.graph = DecodeGraph(runner.model)
-        self.inputs = StepInputs(runner.cache, self.buckets[-1])
+        self.graph = DecodeGraph(model)
+        self.inputs = StepInputs(cache, self.buckets[-1])
         self.backend = SealableBackend()
         self._compiled: torch.nn.Module | None = None
         self._captured: dict[int, CapturedStep] = {}
@@ -306,26 +330,25 @@ class DecodeGraphs:
 
     def _warm_bucket(self, bucket: int) -> None:
         """Runs one decode step of `bucket` fresh one-token rows through the graph (its first run compiles it)."""
-        runner = self.runner
-        slots = [runner.allocate_slot() for _ in range(bucket)]
+        cache = self.cache
+        slots = [cache.allocate() for _ in range(bucket)]
         try:
             with torch.inference_mode():
-                for slot in slots:
-                    runner.prefill(slot, [0])
+                prefill_one_token(self.model, cache, slots, 0)
                 token_ids = [0] * bucket
-                view = runner.cache.view(slots, 1)
+                view = cache.view(slots, 1)
                 if self.cuda:
                     self._captured[bucket] = CapturedStep(self, bucket, view, token_ids)
                 else:
                     self._run_compiled(bucket, token_ids, view)
         finally:
             for slot in slots:
-                runner.free_slot(slot)
+                cache.free(slot)
 
     # -- a step ---------------------------------------------------------------------------------------------------
 
     def forward(self, token_ids: list[int], view: CacheView) -> torch.Tensor | None:
-        """Logits [B, 1, V] of a decode step whose view the caller made, or None: run it eagerly (mode eager, or a
+        """Logits [B, V] of a decode step whose view the caller made, or None: run it eagerly (mode eager, or a
         batch larger than every bucket). A failing step sends the runner back to eager for good (the caller then
         runs the step eagerly: it rewrites the same KV rows)."""
         if self.mode == "eager" or self.pending:
@@ -349,7 +372,7 @@ class DecodeGraphs:
         inputs = self.inputs.build(token_ids, view, bucket)
         if not self.backend.sealed:  # the graph's first run: the blocks each row reads grow as it does
             torch._dynamo.mark_dynamic(inputs["blocks"], 2)
-        cache = self.runner.cache
+        cache = self.cache
         _running.layers = self.graph.linear_layers
         try:
             return self._compiled(cache.keys, cache.values, **inputs)[: len(token_ids)]
@@ -368,7 +391,7 @@ class CapturedStep:
     Every row reads the whole context window's blocks (scratch past its own, masked), so no shape ever changes."""
 
     def __init__(self, graphs: DecodeGraphs, bucket: int, view: CacheView, token_ids: list[int]):
-        cache = graphs.runner.cache
+        cache = graphs.cache
         self.graphs, self.bucket = graphs, bucket
         inputs = graphs.inputs.build(token_ids, view, bucket, min_blocks=graphs.inputs.max_blocks)
         self.static = {name: tensor.clone() for name, tensor in inputs.items()}
@@ -382,7 +405,7 @@ class CapturedStep:
             graphs.cuda_pool = torch.cuda.graph_pool_handle()
         self.cuda_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.cuda_graph, pool=graphs.cuda_pool):
-            self.logits = graphs.graph(cache.keys, cache.values, **self.static)  # [bucket, 1, V]
+            self.logits = graphs.graph(cache.keys, cache.values, **self.static)  # [bucket, V]
 
     def replay(self, token_ids: list[int], view: CacheView) -> torch.Tensor:
         inputs = self.graphs.inputs.build(token_ids, view, self.bucket, min_blocks=self.graphs.inputs.max_blocks)

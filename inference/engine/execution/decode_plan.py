@@ -8,10 +8,12 @@ kernel call with the weight's address bound, each norm its weight's address, and
 sized for the largest batch so far, reused step after step. A step is then the embedding lookup, two table lookups
 and eight calls per layer. The logits are the forward's bit for bit (`tests/engine/test_decode_plan.py`).
 
-A plan serves float32 CPU models whose decode attends through the paged kernel (paged_attention.py) and whose
-linear layers are the C kernel's (block_quant.py's, FloatLinear) or small transposed ones; for any other model
-`DecodePlan.build` returns None and the forward serves (qwen3's per-head q/k norms, oneDNN-packed or int8 layers,
-CUDA).
+The plan is the lowering of the model's one layer description, transformer.Block.forward: its switches (q/k/v bias
+in the linear layers, the norms' eps, RoPE's tables, the tied head) are read from the model's modules, never from the
+config, and `lowers` refuses a block with one it has no kernel call for. A plan serves float32 CPU models whose
+decode attends through the paged kernel (paged_attention.py) and whose linear layers are the C kernel's
+(block_quant.py's, FloatLinear) or small transposed ones; for any other model `DecodePlan.build` returns None and the
+forward serves (qwen3's per-head q/k norms, oneDNN-packed or int8 layers, CUDA).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import torch
 from inference.engine.kernels import paged_attention, pointwise
 from inference.engine.kernels.matmul import KERNEL as MATMUL
 from inference.engine.kv.kv_cache import CacheView, KVCache
-from inference.engine.model.transformer import FloatLinear, Transformer, TransposedLinear, transposed_product
+from inference.engine.model.transformer import (
+    Block,
+    FloatLinear,
+    RMSNorm,
+    Transformer,
+    TransposedLinear,
+    transposed_product,
+)
 from inference.engine.quant.block_quant import BlockLinear, BlockParts
 
 
@@ -92,6 +101,15 @@ def _embed_into(embed: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor]
     return lambda tokens, out: out.copy_(embed(tokens))
 
 
+def lowers(block: Block, eps: float) -> bool:
+    """Whether the plan's layer step is `block`'s: the plan lowers Block.forward as it stands (norm, q/k/v with its
+    bias, the paged kernel's rotation, store and attention, o_proj, norm, gate/up, SwiGLU, down), reading every switch
+    from the block's modules, with one eps for every norm; a block with a switch it does not lower (qwen3's q/k norm,
+    a norm of another kind or eps) is the forward's to run."""
+    norms = (block.attention_norm, block.ffn_norm)
+    return block.attention.qk_norm is None and all(type(norm) is RMSNorm and norm.eps == eps for norm in norms)
+
+
 def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall | None:
     for kind, call in _CALLS.items():
         if isinstance(layer, kind):
@@ -139,7 +157,7 @@ class DecodePlan:
     def __init__(self, model: Transformer, layers: list[_Layer], lm_head):
         config = model.config
         self.model, self.layers, self.lm_head = model, layers, lm_head
-        self.eps, self.hidden, self.vocab = config.rms_norm_eps, config.hidden_size, config.vocab_size
+        self.eps, self.hidden, self.vocab = model.norm.eps, config.hidden_size, config.vocab_size
         self.kv_heads, self.head_dim = config.num_kv_heads, config.head_dim
         self.group = config.num_heads // config.num_kv_heads
         self.qkv_width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
@@ -158,11 +176,13 @@ class DecodePlan:
             or MATMUL is None
             or model.norm.weight.device.type != "cpu"
             or model.norm.weight.dtype != torch.float32
-            or any(block.attention.qk_norm is not None for block in model.layers)
+            or type(model.norm) is not RMSNorm
         ):
             return None
         layers = []
         for i, block in enumerate(model.layers):
+            if not lowers(block, model.norm.eps):
+                return None
             attention, ffn = block.attention, block.feed_forward
             linears = [_call(layer) for layer in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
             if any(call is None for call in linears):

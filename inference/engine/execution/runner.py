@@ -10,28 +10,16 @@ batch-size bucket (or a CUDA graph on CUDA; compiled_step.py), falling back to t
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from inference.engine.execution.compiled_step import DecodeGraphs
+from inference.engine.execution.compiled_step import DecodeGraphs, decode_buckets
 from inference.engine.execution.decode_plan import DecodePlan
+from inference.engine.execution.eager_step import attention_backends, eager_step
 from inference.engine.kv.kv_cache import KVCache
 from inference.engine.kv.long_tensor import long_tensor
 from inference.engine.model.transformer import Transformer
 
 DEFAULT_BLOCK_SIZE = 16
-
-
-def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
-    """The scaled-dot-product-attention kernels a runner's forward passes may use on `device`: on CUDA, any but
-    cuDNN's. cuDNN builds a plan the first time it sees a shape, and the attended length of a decode step (or a
-    prompt) is a new shape almost every step, so an eager decode spent nearly all its time building plans
-    (docs/performance.md, "GPU check"). A captured CUDA graph keeps the kernels it was captured with."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def pool_blocks(positions: int, block_size: int) -> int:
@@ -90,7 +78,7 @@ class ModelRunner:
         eagerly."""
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
-        self.graphs = DecodeGraphs(self, buckets)
+        self.graphs = DecodeGraphs(self.model, self.cache, buckets or decode_buckets(self.max_concurrent))
         self._warm_up_threads = threads
         if now:
             with attention_backends(self.device):
@@ -157,28 +145,13 @@ class ModelRunner:
         if decode_slots:
             views.append(self.cache.view(decode_slots, 1))
             if not prefills and self.graphs is not None:
-                decoded = self.graphs.forward(decode_tokens, views[0])  # [D, 1, V], None: eager
-                decoded = None if decoded is None else decoded[:, 0].float()
+                decoded = self.graphs.forward(decode_tokens, views[0])  # [D, V], None: eager
+                decoded = None if decoded is None else decoded.float()
             elif not prefills and self.plan is not None and self.plan.serves(self.cache, views[0]):
                 decoded = self.plan.forward(long_tensor(decode_tokens, self.device), self.cache, views[0])
         chunks = []
         if decoded is None:
-            tokens = long_tensor([t for _, ids in prefills for t in ids] + decode_tokens, self.device)
-            select, start = [], 0  # the positions whose logits are returned
-            for i, (_, ids) in enumerate(prefills):
-                select += range(start, start + len(ids)) if i in all_logits else [start + len(ids) - 1]
-                start += len(ids)
-            select += range(start, start + len(decode_tokens))
-            every = len(select) == len(tokens)  # a decode-only step (or all logits asked for): no selection
-            chosen = None if every else long_tensor(select, self.device)
-            with attention_backends(self.device):
-                logits = self.model(tokens, self.cache, views, select=chosen).float()
-            start = 0
-            for i, (_, ids) in enumerate(prefills):
-                count = len(ids) if i in all_logits else 1
-                chunks.append(logits[start : start + count] if i in all_logits else logits[start])
-                start += count
-            decoded = logits[start:]
+            chunks, decoded = eager_step(self.model, self.cache, prefills, decode_tokens, views, all_logits)
         for slot, ids in prefills:
             self.cache.advance(slot, ids)
         for slot, token_id in zip(decode_slots, decode_tokens, strict=True):

@@ -12,7 +12,8 @@ import torch
 
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.layout import expected_hf_shapes, fuse_hf_weights, linear_sources
-from inference.engine.model.transformer import Transformer, cpu_linears, rope_tables
+from inference.engine.model.rope import rope_tables
+from inference.engine.model.transformer import Transformer, cpu_linears
 from inference.engine.quant.quantize import quantize_linears
 from inference.engine.quant.stored_quant import KeepQuantized, keep_quantized, made_from_file
 from inference.engine.weights.shared_storage import place_in_arena

@@ -1,8 +1,11 @@
 """One decoder-only transformer for the llama, mistral, qwen2 and qwen3 checkpoints `ModelConfig` describes.
 
-The architectures differ only in switches the config carries: q/k/v bias (qwen2), per-head q/k RMSNorm before RoPE
-(qwen3), Llama-3 RoPE frequency scaling, tied embeddings. Mistral's sliding window never matters because the engine
-caps its context at the window (`ModelConfig.context_window`).
+The architectures differ only in switches the config carries, each read once, by the module it changes: q/k/v bias
+(the q/k/v linear layer; qwen2), per-head q/k RMSNorm before RoPE (Attention; qwen3), the norms' eps (RMSNorm), RoPE's
+theta and Llama-3 scaling (rope.py's tables), tied embeddings (the head's weight). Mistral's sliding window never
+matters because the engine caps its context at the window (`ModelConfig.context_window`). `Block.forward` is the one
+description of a layer's step: the eager forward and the compiled decode step (execution/compiled_step.py) run it,
+each with its own way to the KV (`Attend`); the decode plan (execution/decode_plan.py) lowers it to kernel calls.
 
 The model is built on the meta device and receives its weights with `load_state_dict(assign=True)`, so no memory is
 spent on a random init. q/k/v and gate/up are fused into one matrix each at load: one matmul instead of three (two)
@@ -14,16 +17,16 @@ microsecond per call, some ten calls per layer and step, and the model registers
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.kernels import matmul as matmul_kernel
-from inference.engine.kernels.paged_attention import decode_attention
 from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.kv.kv_cache import CacheView, KVCache
+from inference.engine.model.attention import Attend, CacheAttention
 from inference.engine.model.config import ModelConfig
 from inference.engine.weights.shared_storage import SharedArena
 
@@ -49,40 +52,6 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32 and self.weight.dim() == 1:  # the arithmetic below in one call: ~25% faster
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype) * self.weight
-
-
-def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """RoPE in the Hugging Face layout: dimension i is paired with i + head_dim/2, i.e.
-    x * cos + cat(-x2, x1) * sin, written as x * cos + roll(x) * cat(-sin1, sin2): three kernels instead of six."""
-    # x: [..., H, hd]; cos, sin_signed: [..., 1, hd]
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
-
-
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies of the head_dim/2 rotation pairs, with Llama-3 scaling when the config asks for it."""
-    # returns: [hd/2] float32
-    dim = config.head_dim
-    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    # Llama 3: wavelengths longer than the original context / low_freq_factor are slowed down by `factor`, shorter
-    # than original context / high_freq_factor are kept, and those in between are blended linearly.
-    wavelen = 2 * math.pi / inv_freq
-    original = scaling.original_max_position_embeddings
-    slowed = torch.where(wavelen > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
-    smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    blended = (1 - smooth) * slowed / scaling.factor + smooth * slowed
-    medium = (wavelen >= original / scaling.high_freq_factor) & (wavelen <= original / scaling.low_freq_factor)
-    return torch.where(medium, blended, slowed)
-
-
-def rope_tables(config: ModelConfig, context_window: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-flipped sin (first half negated, see rotate_half) of every position's angles, in float32."""
-    # returns: cos, sin_signed: [context_window, hd]
-    angles = torch.outer(torch.arange(context_window, dtype=torch.float32), rope_inv_freq(config))
-    sin = angles.sin()
-    return torch.cat((angles, angles), dim=-1).cos().to(device), torch.cat((-sin, sin), dim=-1).to(device)
 
 
 # The batch size oneDNN is told to expect when it reorders a weight. The reordered weight serves any batch size with
@@ -213,6 +182,9 @@ def cpu_linears(model: nn.Module, *, float32: bool) -> nn.Module:
 
 
 class Attention(nn.Module):
+    """The layer's attention: q/k/v (their bias, qwen3's per-head q/k norm), then `attend` (how the execution reaches
+    the KV: rotation, store, attention), then o_proj."""
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
@@ -224,49 +196,13 @@ class Attention(nn.Module):
         qk_heads = self.num_heads + self.num_kv_heads
         self.qk_norm = RMSNorm((qk_heads, self.head_dim), config.rms_norm_eps) if config.qk_norm else None
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, views: list[CacheView]
-    ) -> torch.Tensor:
-        # x: [T, D]; cos, sin_signed: [T, 1, hd] -> [T, D]
-        tokens = x.shape[0]
-        qkv = self.wqkv.forward(x).view(tokens, -1, self.head_dim)  # [T, H + 2 Hkv, hd]
+    def forward(self, x: torch.Tensor, attend: Attend) -> torch.Tensor:
+        # x: [T, D] -> [T, D]
+        qkv = self.wqkv.forward(x).view(x.shape[0], -1, self.head_dim)  # [T, H + 2 Hkv, hd]
         if self.qk_norm is not None:
             qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
             qkv = torch.cat((self.qk_norm.forward(qk), v), dim=1)
-        outs, start = [], 0
-        for view in views:
-            end = start + view.positions.numel()
-            outs.append(self._attend(qkv[start:end], cos[start:end], sin_signed[start:end], cache, view))
-            start = end
-        return self.wo.forward(outs[0] if len(outs) == 1 else torch.cat(outs))
-
-    def _attend(
-        self, qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, cache: KVCache, view: CacheView
-    ) -> torch.Tensor:
-        """One group's attention: rotates its queries and keys, stores its new keys and values, attends over its
-        rows' KV."""
-        # qkv: [B * S, H + 2 Hkv, hd]; cos, sin_signed: [B * S, 1, hd] -> [B * S, H * hd]
-        if view.table is not None:  # decode through the paged kernel: rotation, store and attention in one call
-            keys, values = cache.keys[self.layer], cache.values[self.layer]
-            out = decode_attention(qkv, cos, sin_signed, keys, values, view.write_rows, view.table, view.lengths)
-            return out.to(qkv.dtype)
-        batch, seq = view.positions.shape
-        qk, v = qkv.split_with_sizes((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=1)
-        q, k = rotate_half(qk, cos, sin_signed).split_with_sizes((self.num_heads, self.num_kv_heads), dim=1)
-        group = (batch, seq, -1, self.head_dim)
-        q, k, v = q.reshape(group), k.reshape(group), v.reshape(group)  # [B, S, H or Hkv, hd]
-        keys, values = cache.update(self.layer, view, k, v)  # [B, Hkv, L, hd]
-        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a no-op unless the KV cache has a dtype of its own
-        if seq == 1 and self.num_heads != self.num_kv_heads:
-            # decode: each kv head's group of query heads attends as if it were that many query positions, so the
-            # keys are never repeated per query head (faster than enable_gqa at one token per row)
-            q = q.reshape(batch, self.num_kv_heads, -1, self.head_dim)  # [B, Hkv, H / Hkv, hd]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=view.mask)
-        else:
-            q = q.transpose(1, 2)  # [B, H, S, hd]
-            gqa = self.num_heads != self.num_kv_heads
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=view.mask, enable_gqa=gqa)
-        return out.reshape(batch, self.num_heads, seq, self.head_dim).transpose(1, 2).reshape(batch * seq, -1)
+        return self.wo.forward(attend(self.layer, qkv))
 
 
 class FeedForward(nn.Module):
@@ -280,15 +216,17 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, D] -> [T, D]
         gate_up = self.w13.forward(x)
-        if kernel_serves(gate_up):  # one C call (pointwise.py)
+        if kernel_serves(gate_up) and not torch.compiler.is_dynamo_compiling():  # one C call (pointwise.py)
             return self.w2.forward(swiglu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.w2.forward(F.silu(gate) * up)
 
 
 class Block(nn.Module):
-    """One decoder layer. The residual stream's adds are left to the norms that read their results: a block takes
-    the stream `x` and the previous block's output `delta` not yet added to it, and returns the same pair."""
+    """One decoder layer, the one description of its step that the eager forward and the compiled decode step run
+    (and the decode plan lowers to kernel calls, execution/decode_plan.py). The residual stream's adds are left to
+    the norms that read their results: a block takes the stream `x` and the previous block's output `delta` not yet
+    added to it, and returns the same pair."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -297,18 +235,18 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin_signed: torch.Tensor,
-        cache: KVCache,
-        views: list[CacheView],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
         # x, delta: [T, D] -> x, delta: [T, D] (x updated in place)
-        delta = self.attention.forward(self.attention_norm.forward(x, delta), cos, sin_signed, cache, views)
+        delta = self.attention.forward(self.attention_norm.forward(x, delta), attend)
         return x, self.feed_forward.forward(self.ffn_norm.forward(x, delta))
+
+
+def run_blocks(blocks: Iterable[Block], x: torch.Tensor, attend: Attend) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream through every block: x [T, D] -> (x, delta), whose sum the final norm reads."""
+    delta = None
+    for block in blocks:
+        x, delta = block.forward(x, delta, attend)
+    return x, delta
 
 
 class Transformer(nn.Module):
@@ -345,13 +283,16 @@ class Transformer(nn.Module):
         group, since each has its own shape (a chunk of S positions, or one position per decode row)."""
         # tokens: [T] long; select: [N] long -> logits: [T or N, V]
         positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
-        positions = views[0].positions.reshape(-1) if positions is None else positions
-        x, delta = self.embed.forward(tokens), None
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, hd]
-        sin_signed = self.rope_sin_signed[positions].to(x.dtype).unsqueeze(1)
-        for block in self.layers:
-            x, delta = block.forward(x, delta, cos, sin_signed, cache, views)
+        x = self.embed.forward(tokens)
+        cos, sin_signed = self.rope_rows(views[0].positions.reshape(-1) if positions is None else positions, x.dtype)
+        attend = CacheAttention(cache, views, cos, sin_signed, self.config.num_heads, self.config.num_kv_heads)
+        x, delta = run_blocks(self.layers, x, attend)
         if select is not None:
             x, delta = x[select], delta[select]
         x = self.norm.forward(x, delta)
         return x if hidden else self.lm_head.forward(x)
+
+    def rope_rows(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE rows (cos, sign-flipped sin) of `positions` [T], as the blocks' `attend` rotates with them."""
+        # -> cos, sin_signed: [T, 1, hd]
+        return self.rope_cos[positions].to(dtype).unsqueeze(1), self.rope_sin_signed[positions].to(dtype).unsqueeze(1)
