@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from inference.engine.kernels.matmul import KERNEL
 from inference.engine.quant.block_quant import (
     BLOCK,
-    KERNEL,
     Q4_0Linear,
     Q4_1Linear,
     Q4_KLinear,

@@ -1,20 +1,19 @@
 """The decoder layer's row-wise work on float32 CPU rows through the C kernels of `_pointwise.c`: RMSNorm (with the
 residual add before it) and SwiGLU, one call each instead of torch's two to eight.
 
-Optional like the other kernels (paged_attention.py): without a C compiler `KERNEL` is None and transformer.py
-calls torch's ops.
+Optional like the other kernels (switch.py): without a C compiler, or with PANTHEON_KERNELS=off, `KERNEL` is None
+and transformer.py calls torch's ops. The `*_into` calls check the tensors (checks.py) before their addresses reach
+C.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:
-    from inference.engine.kernels import _pointwise
-except ImportError:  # built without a C compiler
-    _pointwise = None
+from inference.engine.kernels.checks import mismatch, need
+from inference.engine.kernels.switch import load
 
-KERNEL = _pointwise
+KERNEL = load("_pointwise")
 
 
 def kernel_serves(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
@@ -36,17 +35,40 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     x = x.contiguous()
     residual = None if residual is None else residual.contiguous()
     out = torch.empty_like(x)
-    dim = x.shape[-1]
+    rms_norm_into(out, x, weight, eps, residual)
+    return out
+
+
+def rms_norm_into(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> None:
+    """rms_norm into `out` (x's shape), every tensor contiguous float32 already."""
+    need(x, "x", torch.float32)
+    need(out, "out", torch.float32)
+    need(weight, "weight", torch.float32, 1)
+    dim = weight.shape[0]
+    if residual is not None:
+        need(residual, "residual", torch.float32)
+    if x.shape[-1] != dim or out.numel() != x.numel() or (residual is not None and residual.numel() != x.numel()):
+        raise mismatch("the norm's tensors do not fit together", x=x, weight=weight, out=out, residual=residual)
     added = 0 if residual is None else residual.data_ptr()
     KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), x.numel() // dim, dim, eps)
-    return out
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of float32 CPU rows holding gate then up (the fused gate/up projection's output)."""
     # gate_up: [..., 2 F] -> [..., F]
     gate_up = gate_up.contiguous()
-    width = gate_up.shape[-1] // 2
-    out = gate_up.new_empty(*gate_up.shape[:-1], width)
-    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), gate_up.numel() // (2 * width), width)
+    out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    swiglu_into(out, gate_up)
     return out
+
+
+def swiglu_into(out: torch.Tensor, gate_up: torch.Tensor) -> None:
+    """swiglu into `out` ([..., F]), both contiguous float32 already."""
+    need(gate_up, "gate_up", torch.float32)
+    need(out, "out", torch.float32)
+    width = out.shape[-1]
+    if gate_up.shape[-1] != 2 * width or 2 * out.numel() != gate_up.numel():
+        raise mismatch("the SwiGLU's tensors do not fit together", gate_up=gate_up, out=out)
+    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), gate_up.numel() // (2 * width), width)
