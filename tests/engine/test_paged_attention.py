@@ -14,6 +14,9 @@ from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.kernels.paged_attention import KERNEL, decode_attention
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import Transformer, rotate_half
+from tests.engine.kernel_marks import needs_paged_kernel
+
+pytestmark = needs_paged_kernel
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 
