@@ -17,3 +17,7 @@ needs_float_kernel = pytest.mark.skipif(
 needs_transposed_kernel = pytest.mark.skipif(
     not kernels.transposed_kernel_runs(), reason=f"{WHY}, or the CPU lacks AVX2 and FMA: no transposed kernel"
 )
+needs_every_kernel = pytest.mark.skipif(
+    not {"block_matmul", "paged_attention", "pointwise"} <= set(kernels.active_kernels()),
+    reason=f"{WHY}: the decode plan is a list of C kernel calls",
+)

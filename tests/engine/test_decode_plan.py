@@ -18,7 +18,10 @@ from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import FloatLinear, Transformer
 from inference.engine.quant.stored_embedding import StoredEmbedding
+from tests.engine.kernel_marks import needs_every_kernel
 from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_narrow_rows_gguf, write_wide_gguf
+
+pytestmark = needs_every_kernel
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]
 
