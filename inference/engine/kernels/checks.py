@@ -12,6 +12,13 @@ from __future__ import annotations
 import torch
 
 
+def explain(dtype: torch.dtype, **tensors: torch.Tensor) -> None:
+    """The error for whichever of `tensors` is not a contiguous CPU tensor of `dtype`: the slow path of a wrapper's
+    check, which tests them all in one expression first (the attribute reads are the cost, not the raising)."""
+    for name, tensor in tensors.items():
+        need(tensor, name, dtype)
+
+
 def need(tensor: torch.Tensor, name: str, dtype: torch.dtype, dims: int | None = None) -> None:
     """`tensor` is a contiguous CPU tensor of `dtype` (with `dims` dimensions when given), else a Python error."""
     if not (tensor.is_cpu and tensor.dtype is dtype and tensor.is_contiguous()):

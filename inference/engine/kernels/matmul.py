@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.kernels.checks import mismatch, need
+from inference.engine.kernels.checks import explain, mismatch
 from inference.engine.kernels.switch import load
 
 KERNEL = load("_matmul")
+F32 = torch.float32
 if KERNEL is not None:  # as many threads as torch's ops use, until the worker says otherwise (set_threads)
     KERNEL.set_threads(torch.get_num_threads())
 
@@ -55,15 +56,17 @@ def block_matmul(
 ) -> None:
     """out[:, column : column + N] = x @ W^T, W [N, in_features] the weight whose blocks in `format_name` are
     `codes` (N rows) and `scales` as block_quant.py lays them out; x [R, in_features] and out [R, *] float32."""
-    need(x, "x", torch.float32, 2)
-    need(out, "out", torch.float32, 2)
-    if not (codes.is_cpu and codes.is_contiguous() and scales.is_cpu and scales.is_contiguous()):
+    if not (
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+        and codes.is_cpu and codes.is_contiguous() and scales.is_cpu and scales.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, x=x, out=out)
         raise ValueError("the block weight's codes and scales must be contiguous CPU tensors")
     code = FORMATS.get(format_name)
     if code is None:
         raise ValueError(f"no block format {format_name!r} in the kernel (it has {sorted(FORMATS)})")
-    rows, n = x.shape[0], codes.shape[0]
-    if x.shape[1] != in_features or out.shape[0] != rows or not 0 <= column <= out.shape[1] - n:
+    xs, outs, n = x.size(), out.size(), codes.size(0)
+    if len(xs) != 2 or len(outs) != 2 or xs[1] != in_features or outs[0] != xs[0] or not 0 <= column <= outs[1] - n:
         raise mismatch("the block product's shapes do not fit", x=x, out=out, weight=(n, in_features), column=column)
     layout = _layouts.get((code, in_features))
     if layout is None:
@@ -75,28 +78,32 @@ def block_matmul(
             scales=scales,
         )
     KERNEL.matmul(
-        out.data_ptr() + column * 4, x.data_ptr(), codes.data_ptr(), scales.data_ptr(), rows, n, in_features, code,
-        out.shape[1],
+        out.data_ptr() + column * 4, x.data_ptr(), codes.data_ptr(), scales.data_ptr(), xs[0], n, in_features, code,
+        outs[1],
     )  # fmt: skip
 
 
 def float_matmul(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
     """out[R, N] = x[R, K] @ weight[N, K]^T, float32, on the kernel's pool."""
-    need(x, "x", torch.float32, 2)
-    need(weight, "weight", torch.float32, 2)
-    need(out, "out", torch.float32, 2)
-    (rows, k), n = x.shape, weight.shape[0]
-    if weight.shape[1] != k or out.shape[0] != rows or out.shape[1] != n:
+    if not (
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight.is_cpu and weight.dtype is F32
+        and weight.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, x=x, weight=weight, out=out)
+    xs, ws = x.size(), weight.size()
+    if len(xs) != 2 or len(ws) != 2 or ws[1] != xs[1] or out.size() != (xs[0], ws[0]):
         raise mismatch("the float product's shapes do not fit", x=x, weight=weight, out=out)
-    KERNEL.float_matmul(out.data_ptr(), x.data_ptr(), weight.data_ptr(), rows, n, k)
+    KERNEL.float_matmul(out.data_ptr(), x.data_ptr(), weight.data_ptr(), xs[0], ws[0], xs[1])
 
 
 def transposed_matmul(out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> None:
     """out[R, N] = x[R, K] @ weight_t[K, N], float32, on the calling thread."""
-    need(x, "x", torch.float32, 2)
-    need(weight_t, "weight_t", torch.float32, 2)
-    need(out, "out", torch.float32, 2)
-    (rows, k), n = x.shape, weight_t.shape[1]
-    if weight_t.shape[0] != k or out.shape[0] != rows or out.shape[1] != n:
+    if not (
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight_t.is_cpu and weight_t.dtype is F32
+        and weight_t.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, x=x, weight_t=weight_t, out=out)
+    xs, ws = x.size(), weight_t.size()
+    if len(xs) != 2 or len(ws) != 2 or ws[0] != xs[1] or out.size() != (xs[0], ws[1]):
         raise mismatch("the transposed product's shapes do not fit", x=x, weight_t=weight_t, out=out)
-    KERNEL.transposed_matmul(out.data_ptr(), x.data_ptr(), weight_t.data_ptr(), rows, n, k)
+    KERNEL.transposed_matmul(out.data_ptr(), x.data_ptr(), weight_t.data_ptr(), xs[0], ws[1], xs[1])

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.kernels.checks import mismatch, need
+from inference.engine.kernels.checks import explain, mismatch
 from inference.engine.kernels.switch import load
 
 KERNEL = load("_paged_attention")
+F32, I64 = torch.float32, torch.int64
 
 # The pool dtypes the kernel reads, each with its code as `_paged_attention.c` defines it.
 KV_DTYPE_CODES: dict[torch.dtype, int] = (
@@ -70,39 +71,43 @@ def attend_into(
 ) -> None:
     """decode_attention into `out` ([B, H * hd] float32), every tensor as the kernel reads it already: contiguous,
     qkv, cos and sin_signed float32 (qkv [B, (H + 2 Hkv) * hd] or [B, H + 2 Hkv, hd]: the kernel reads flat rows)."""
-    for name, t in (("qkv", qkv), ("cos", cos), ("sin_signed", sin_signed), ("out", out)):
-        need(t, name, torch.float32)
-    need(keys, "keys", keys.dtype, 4)
-    need(values, "values", keys.dtype, 4)
-    for name, t in (("write_rows", write_rows), ("table", table), ("lengths", lengths)):
-        need(t, name, torch.int64)
+    if not (
+        qkv.is_cpu and qkv.dtype is F32 and qkv.is_contiguous() and out.is_cpu and out.dtype is F32
+        and out.is_contiguous() and cos.is_cpu and cos.dtype is F32 and cos.is_contiguous() and sin_signed.is_cpu
+        and sin_signed.dtype is F32 and sin_signed.is_contiguous() and keys.is_cpu and keys.is_contiguous()
+        and values.is_cpu and values.dtype is keys.dtype and values.is_contiguous() and write_rows.is_cpu
+        and write_rows.dtype is I64 and write_rows.is_contiguous() and table.is_cpu and table.dtype is I64
+        and table.is_contiguous() and lengths.is_cpu and lengths.dtype is I64 and lengths.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, qkv=qkv, out=out, cos=cos, sin_signed=sin_signed)
+        explain(keys.dtype, keys=keys, values=values)
+        explain(I64, write_rows=write_rows, table=table, lengths=lengths)
     code = KV_DTYPE_CODES.get(keys.dtype)
     if code is None:
         raise TypeError(f"the KV pool is {keys.dtype}; the kernel reads {list(KV_DTYPE_CODES)}")
-    kv_heads, pool_blocks, block_size, dim = keys.shape
-    rows = lengths.shape[0]
+    shape, ts, ls = keys.size(), table.size(), lengths.size()
+    if len(shape) != 4 or values.size() != shape or len(ts) != 2 or len(ls) != 1 or ts[0] != ls[0]:
+        raise mismatch("the KV pool or the block table does not fit", keys=keys, values=values, table=table,
+                       lengths=lengths)  # fmt: skip
+    kv_heads, pool_blocks, block_size, dim = shape
+    rows = ls[0]
     heads = qkv.numel() // (rows * dim) if rows * dim else 0  # H + 2 Hkv
     group = (heads - 2 * kv_heads) // kv_heads
     if (
-        values.shape != keys.shape
-        or qkv.numel() != rows * heads * dim
+        qkv.numel() != rows * heads * dim
         or group < 1
         or heads != (group + 2) * kv_heads
         or cos.numel() != rows * dim
         or sin_signed.numel() != rows * dim
         or out.numel() != rows * kv_heads * group * dim
         or write_rows.numel() != rows * kv_heads
-        or table.dim() != 2
-        or table.shape[0] != rows
-        or lengths.dim() != 1
     ):
         raise mismatch(
             "the attention's tensors do not fit together",
-            qkv=qkv, cos=cos, sin_signed=sin_signed, keys=keys, values=values, write_rows=write_rows, table=table,
-            lengths=lengths, out=out,
+            qkv=qkv, cos=cos, sin_signed=sin_signed, keys=keys, write_rows=write_rows, table=table, out=out,
         )  # fmt: skip
     KERNEL.decode(
         out.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), write_rows.data_ptr(),
         keys.data_ptr(), values.data_ptr(), table.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, dim,
-        block_size, pool_blocks, table.shape[1], dim**-0.5, code,
+        block_size, pool_blocks, ts[1], dim**-0.5, code,
     )  # fmt: skip

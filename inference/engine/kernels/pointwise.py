@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.kernels.checks import mismatch, need
+from inference.engine.kernels.checks import explain, mismatch
 from inference.engine.kernels.switch import load
 
 KERNEL = load("_pointwise")
+F32 = torch.float32
 
 
 def kernel_serves(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
@@ -43,16 +44,23 @@ def rms_norm_into(
     out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> None:
     """rms_norm into `out` (x's shape), every tensor contiguous float32 already."""
-    need(x, "x", torch.float32)
-    need(out, "out", torch.float32)
-    need(weight, "weight", torch.float32, 1)
-    dim = weight.shape[0]
-    if residual is not None:
-        need(residual, "residual", torch.float32)
-    if x.shape[-1] != dim or out.numel() != x.numel() or (residual is not None and residual.numel() != x.numel()):
+    if not (
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+        and weight.is_cpu and weight.dtype is F32 and weight.is_contiguous()
+        and (residual is None or (residual.is_cpu and residual.dtype is F32 and residual.is_contiguous()))
+    ):  # fmt: skip
+        explain(F32, x=x, out=out, weight=weight, **({} if residual is None else {"residual": residual}))
+    xs, ws, numel = x.size(), weight.size(), x.numel()
+    if (
+        len(ws) != 1
+        or not xs
+        or xs[-1] != ws[0]
+        or out.numel() != numel
+        or (residual is not None and residual.numel() != numel)
+    ):
         raise mismatch("the norm's tensors do not fit together", x=x, weight=weight, out=out, residual=residual)
     added = 0 if residual is None else residual.data_ptr()
-    KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), x.numel() // dim, dim, eps)
+    KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), numel // ws[0], ws[0], eps)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -66,9 +74,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def swiglu_into(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     """swiglu into `out` ([..., F]), both contiguous float32 already."""
-    need(gate_up, "gate_up", torch.float32)
-    need(out, "out", torch.float32)
-    width = out.shape[-1]
-    if gate_up.shape[-1] != 2 * width or 2 * out.numel() != gate_up.numel():
+    if not (
+        gate_up.is_cpu and gate_up.dtype is F32 and gate_up.is_contiguous()
+        and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, gate_up=gate_up, out=out)
+    gs, os_, numel = gate_up.size(), out.size(), out.numel()
+    if not os_ or not gs or gs[-1] != 2 * os_[-1] or 2 * numel != gate_up.numel():
         raise mismatch("the SwiGLU's tensors do not fit together", gate_up=gate_up, out=out)
-    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), gate_up.numel() // (2 * width), width)
+    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), numel // os_[-1], os_[-1])
