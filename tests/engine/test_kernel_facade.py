@@ -13,11 +13,14 @@ import torch
 from torch import nn
 
 from inference.engine import kernels
-from inference.engine.model.transformer import FloatLinear
+from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.hf import read_hf_dir
+from inference.engine.model.transformer import FloatLinear, Transformer
 from inference.engine.quant import block_quant
 from inference.engine.quant.block_quant import Q4_0Linear
 from tests.engine.kernel_marks import (
     needs_block_kernel,
+    needs_every_kernel,
     needs_float_kernel,
     needs_paged_kernel,
     needs_pointwise_kernel,
@@ -175,3 +178,22 @@ def test_the_built_kernels_are_active_by_default():
     active = _active_in_a_process({"PANTHEON_KERNELS": "on"})
     assert {"block_matmul", "paged_attention", "pointwise"} <= set(active)
     assert active == kernels.active_kernels()
+
+
+@needs_every_kernel
+def test_a_decode_step_over_a_kv_pool_with_other_strides_raises_and_the_next_one_runs(stories_hf_dir):
+    """Through the worker's decode path (the plan's kernel calls): a layer's KV pool swapped for a view with other
+    strides is refused as a ValueError before the attention kernel reads it; with the pool restored, decoding goes
+    on as before."""
+    checkpoint = read_hf_dir(stories_hf_dir)
+    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    runner = ModelRunner(model, max_concurrent=1, context_window=64)
+    assert runner.plan is not None
+    slot = runner.allocate_slot()
+    token = int(runner.prefill(slot, [1, 403, 407, 261]).argmax())
+    keys = runner.cache.keys[1]
+    runner.cache.keys[1] = keys.transpose(2, 3).contiguous().transpose(2, 3)  # the same values, another layout
+    with pytest.raises(ValueError, match="not contiguous"):
+        runner.decode([slot], [token])
+    runner.cache.keys[1] = keys
+    assert runner.decode([slot], [token]).shape == (1, checkpoint.config.vocab_size)

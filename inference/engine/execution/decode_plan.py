@@ -50,11 +50,10 @@ class _BlockCall:
 class _FloatCall:
     """A float32 layer on the C kernel."""
 
-    __slots__ = ("weight", "out_features", "in_features", "bias")
+    __slots__ = ("weight", "bias")
 
     def __init__(self, layer: FloatLinear):
         self.weight, self.bias = layer.weight, layer.bias
-        self.out_features, self.in_features = layer.out_features, layer.in_features
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
         kernels.float_matmul(out, x, self.weight)
