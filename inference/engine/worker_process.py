@@ -60,7 +60,7 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
         socket.close()
 
 
-def _log_start(device: str) -> None:
+def log_start(device: str) -> None:
     """One line on stderr (which `serve` shares) saying which C kernels this worker runs, or that torch runs all."""
     log = logging.getLogger("pantheon.worker")
     handler = logging.StreamHandler()
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--identity", required=True, help="this worker's ZMQ identity")
     parser.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_INTERVAL, help="seconds")
     args = parser.parse_args(argv)
-    _log_start(args.device)
+    log_start(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
     serve(args.endpoint, args.device, args.identity, parent_pid=os.getppid(),

@@ -4,6 +4,7 @@ kernels run is one list, empty when they are off."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import FloatLinear, Transformer
 from inference.engine.quant import block_quant
 from inference.engine.quant.block_quant import Q4_0Linear
+from inference.engine.worker_process import log_start
 from tests.engine.kernel_marks import (
     needs_block_kernel,
     needs_every_kernel,
@@ -197,3 +199,12 @@ def test_a_decode_step_over_a_kv_pool_with_other_strides_raises_and_the_next_one
         runner.decode([slot], [token])
     runner.cache.keys[1] = keys
     assert runner.decode([slot], [token]).shape == (1, checkpoint.config.vocab_size)
+
+
+def test_the_workers_start_line_names_the_active_kernels(caplog):
+    caplog.set_level(logging.INFO, logger="pantheon.worker")
+    log_start("cpu")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "pantheon.worker"]
+    active = kernels.active_kernels()
+    assert line.startswith("worker cpu: ") and all(name in line for name in active)
+    assert ("torch's ops everywhere" in line) == (not active)
