@@ -29,7 +29,6 @@ from inference.engine.kernels import matmul as matmul_kernel  # noqa: E402
 from inference.engine.kernels import pointwise
 from inference.engine.loaders.loading import linear_formats, load_model  # noqa: E402
 from inference.engine.model import transformer  # noqa: E402
-from inference.engine.quant import block_quant  # noqa: E402
 
 STEPS = 10
 # The C kernels are no aten ops: each is profiled as a labelled range.
@@ -84,10 +83,13 @@ def profile_step(path: Path, batch: int, context: int) -> dict:
     forward_ms = wall()
     kernel = transformer.decode_attention
     transformer.decode_attention = labelled(kernel, PAGED_KERNEL)
-    q4_0, rowwise = block_quant.KERNEL, pointwise.KERNEL
+    q4_0, rowwise = matmul_kernel.KERNEL, pointwise.KERNEL
     if q4_0 is not None:
-        block_quant.KERNEL = matmul_kernel.KERNEL = SimpleNamespace(
-            matmul=labelled(q4_0.matmul, Q4_0_KERNEL), float_matmul=labelled(q4_0.float_matmul, FLOAT_KERNEL)
+        matmul_kernel.KERNEL = SimpleNamespace(
+            matmul=labelled(q4_0.matmul, Q4_0_KERNEL),
+            float_matmul=labelled(q4_0.float_matmul, FLOAT_KERNEL),
+            block_layout=q4_0.block_layout,
+            transposed_matmul=q4_0.transposed_matmul,
         )
     if rowwise is not None:
         pointwise.KERNEL = SimpleNamespace(
@@ -99,7 +101,7 @@ def profile_step(path: Path, batch: int, context: int) -> dict:
                 runner.decode(slots, tokens)
     finally:
         transformer.decode_attention, pointwise.KERNEL = kernel, rowwise
-        block_quant.KERNEL = matmul_kernel.KERNEL = q4_0
+        matmul_kernel.KERNEL = q4_0
     groups: dict[str, float] = {}
     for event in prof.key_averages():
         groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1000 / STEPS

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 import torch
 
+from inference.engine import kernels
 from inference.engine.contract import messages as p
 from inference.engine.contract.dialects.grammar import tool_call_grammar
 from inference.engine.contract.dialects.registry import DIALECT
@@ -386,6 +387,7 @@ class HostedModel:
             linear_formats=model.linear_formats,
             graphs=self.decode_graphs(),
             prefix_cache_bytes=self.prefix_cache_bytes,
+            kernels=kernels.active_kernels(),
         )
 
     def status(self) -> p.ModelStatus:

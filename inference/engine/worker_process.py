@@ -6,12 +6,14 @@ and runs the Worker loop (worker.py) until SHUTDOWN.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 
 import torch
 import zmq
 
+from inference.engine import kernels
 from inference.engine.contract.io_threads import batch_io_threads
 from inference.engine.worker import HEARTBEAT_INTERVAL, Worker
 
@@ -58,6 +60,16 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
         socket.close()
 
 
+def log_start(device: str) -> None:
+    """One line on stderr (which `serve` shares) saying which C kernels this worker runs, or that torch runs all."""
+    log = logging.getLogger("pantheon.worker")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))  # as settings.LOGGING
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.info("worker %s: %s", device, kernels.describe())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A Pantheon worker process (started by the supervisor).")
     parser.add_argument("--endpoint", required=True, help="the control plane's ZMQ ROUTER endpoint")
@@ -65,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--identity", required=True, help="this worker's ZMQ identity")
     parser.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_INTERVAL, help="seconds")
     args = parser.parse_args(argv)
+    log_start(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
     serve(args.endpoint, args.device, args.identity, parent_pid=os.getppid(),

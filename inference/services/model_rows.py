@@ -130,6 +130,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "quantize": options.quantize,
         "compile": options.compile,
         "graphs": graphs_fields(live.graphs if live else info.graphs if info else None),
+        "kernels": info.kernels if info else None,  # the C kernels its worker runs; [] where torch runs all
         "served_weights": served_weights_fields(placement),
         "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
         "load_progress": load_progress_fields(placement.load_progress),

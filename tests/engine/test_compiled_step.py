@@ -18,10 +18,10 @@ from inference.engine.execution.compiled_step import DecodeGraphs, decode_bucket
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.execution.step_threads import StepThreads
 from inference.engine.hosted_model import HostedModel, compiles_decode
-from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.transformer import FloatLinear
+from tests.engine.kernel_marks import needs_float_kernel
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
 STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)
@@ -117,7 +117,7 @@ def test_linear_layers_the_compiler_cannot_see_into_run_as_opaque_calls(stories_
     assert (graphs.mode, graphs.fallback_reason) == ("compiled", None)
 
 
-@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")
+@needs_float_kernel
 def test_float32_layers_on_the_c_kernel_run_as_opaque_calls(tmp_path):
     """FloatLinear is never traced (the compiler cannot see into its kernel call): the graph calls it by index, so
     its forward never runs under compilation, and the compiled steps give the eager greedy tokens."""

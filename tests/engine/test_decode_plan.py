@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
 from inference.engine.execution.decode_plan import DecodePlan
 from inference.engine.execution.runner import ModelRunner
-from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.transformer import FloatLinear, Transformer
 from inference.engine.quant.stored_embedding import StoredEmbedding
+from tests.engine.kernel_marks import needs_every_kernel, needs_float_kernel
 from tests.engine.test_quantized_weights import Q4_K_M, _keep, _model, write_narrow_rows_gguf, write_wide_gguf
+
+pytestmark = needs_every_kernel
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]
 
@@ -78,7 +79,7 @@ def test_blocks_in_padded_rows_decode_the_forwards_logits(tmp_path: Path):
     assert_same_steps(_model(path, _keep(path, "q5_0")))
 
 
-@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA: no FloatLinear")
+@needs_float_kernel
 def test_float32_on_the_kernel_decodes_the_forwards_logits(tmp_path: Path):
     model = _model(write_wide_gguf(tmp_path, Q.F32))
     assert isinstance(model.layers[0].feed_forward.w13, FloatLinear)

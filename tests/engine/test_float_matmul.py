@@ -8,8 +8,9 @@ from torch import nn
 
 from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear, cpu_linears
+from tests.engine.kernel_marks import needs_float_kernel
 
-needs_kernel = pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
+needs_kernel = needs_float_kernel
 
 
 def assert_computes_the_product(layer_class: type[nn.Module], rows: int, out_features: int, in_features: int):

@@ -3,17 +3,17 @@ on its own thread while the worker's loop steps other models. Each call's produc
 
 import threading
 
-import pytest
 import torch
 from torch import nn
 
 from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.model.transformer import FloatLinear
+from tests.engine.kernel_marks import needs_float_kernel
 
 CALLS = 300
 
 
-@pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
+@needs_float_kernel
 def test_products_on_two_threads_at_once_are_each_the_product_alone():
     torch.manual_seed(0)
     layers = [FloatLinear(nn.Linear(768, 1003, bias=False)) for _ in range(2)]

@@ -7,11 +7,16 @@ loader's naming, fusing and tying are checked along with the forward pass.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
+from inference.engine import kernels
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
@@ -151,3 +156,15 @@ def test_stories260k_greedy_generation_matches_transformers(stories_hf_dir):
     )
     assert len(expected) == 40
     assert greedy(runner, prompt, len(expected)).tokens == expected.tolist()
+
+
+@pytest.mark.skipif(not kernels.ENABLED, reason="this run is torch's path already (PANTHEON_KERNELS=off)")
+def test_the_same_parity_holds_on_torchs_path():
+    """Every comparison above once more with the C kernels off, as a host without a C compiler runs them: in a process
+    of its own, since which kernels run is settled at import (kernels/switch.py)."""
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not torchs_path"]
+    env = {**os.environ, "PANTHEON_KERNELS": "off"}
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " skipped" not in done.stdout and " deselected" in done.stdout

@@ -15,7 +15,10 @@ from inference.engine.kernels.paged_attention import KERNEL, decode_attention
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 from inference.engine.model.rope import rotate_half
+from tests.engine.kernel_marks import needs_paged_kernel
 from tests.greedy import greedy
+
+pytestmark = needs_paged_kernel
 
 PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421]  # BOS "Once upon a time ..."
 

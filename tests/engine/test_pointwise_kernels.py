@@ -8,6 +8,9 @@ import torch.nn.functional as F
 
 from inference.engine.kernels import pointwise as kernel
 from inference.engine.model.transformer import FeedForward, RMSNorm
+from tests.engine.kernel_marks import needs_pointwise_kernel
+
+pytestmark = needs_pointwise_kernel
 
 
 @pytest.mark.parametrize("rows", [1, 3, 200])

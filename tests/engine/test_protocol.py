@@ -46,6 +46,9 @@ FROM_WORKER = [
     p.Loaded(request_id="c1", name="m", path="/models/x.gguf", format="gguf", architecture="llama", device="cuda:1",
              dtype="bfloat16", weight_bytes=10, kv_bytes=20, kv_dtype="bfloat16", context_window=2048,
              context_window_configured=4096, max_concurrent=4, load_seconds=0.5, weights_version=-7),
+    p.Loaded(request_id="c1", name="m", path="/m", format="hf", architecture="qwen2", device="cpu", dtype="float32",
+             weight_bytes=10, kv_bytes=20, kv_dtype="float32", context_window=2048, context_window_configured=2048,
+             max_concurrent=4, load_seconds=0.5, weights_version=1, kernels=["block_matmul", "paged_attention"]),
     p.Unloaded(request_id="c2", name="m", aborted=1),
     p.Status(request_id="c3", device="cpu", pid=123, memory_total=1000, memory_used=500, models=[
         p.ModelStatus(name="m", path="/x", state="ready", weight_bytes=1, kv_bytes=2, slots_used=0, slots_total=4,
@@ -77,6 +80,14 @@ def test_every_message_to_a_worker_round_trips_as_one_frame(message):
 @pytest.mark.parametrize("message", FROM_WORKER, ids=lambda m: type(m).__name__)
 def test_every_message_from_a_worker_round_trips_as_one_frame(message):
     assert p.decode_from_worker(p.encode(message)) == message
+
+
+def test_a_loaded_frame_without_kernels_reads_as_none_active():
+    """A worker of a build before `kernels` (the frame ends before it) reads as running torch's ops only."""
+    loaded = FROM_WORKER[[type(m) for m in FROM_WORKER].index(p.Loaded)]
+    values = msgspec.msgpack.decode(p.encode(loaded))
+    last = p.Loaded.__struct_fields__.index("kernels") + 1
+    assert p.decode_from_worker(msgspec.msgpack.encode(values[:last])).kernels == []
 
 
 def test_kinds_are_distinct():

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine.kernels.matmul import KERNEL
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.loading import linear_formats, load_model
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.layout import expected_hf_shapes
 from inference.engine.model.transformer import Transformer
-from inference.engine.quant import quantize as quantize_module
-from inference.engine.quant.block_quant import KERNEL
 from inference.engine.quant.quantize import REDUCE_RANGE, WeightOnlyInt8Linear, quantize_linears
 from tests.greedy import greedy
 
@@ -110,7 +110,7 @@ def test_layers_the_block_kernel_takes_become_q8_0_blocks(monkeypatch):
     blocks, runner, q8_0 = served(True)
     assert linear_formats(blocks) == {"q8_0": 2 * 4 + 1}  # four per layer and the output head
     assert runner.plan is not None
-    monkeypatch.setattr(quantize_module, "KERNEL", None)  # a build without the kernel: int8 per channel
+    monkeypatch.setattr(matmul_kernel, "KERNEL", None)  # a build without the kernel: int8 per channel
     per_channel, _, int8 = served(True)
     assert linear_formats(per_channel) == {"int8": 9}
     q8_0_error, int8_error = (((got - reference).norm() / reference.norm()).item() for got in (q8_0, int8))

@@ -34,6 +34,7 @@ from inference.engine.quant.int4 import GROUP_SIZE, group_quantize
 from inference.engine.quant.stored_embedding import StoredEmbedding
 from inference.engine.quant.stored_quant import LAYERS, QUANTIZED_TYPES, KeepQuantized
 from tests.engine.gguf_builders import gguf_name, meta_permute, tokenizer_of, write_gguf
+from tests.engine.kernel_marks import needs_block_kernel
 from tests.engine.test_gguf_quant import CONFIG, MATRICES, NORMS, encode
 from tests.greedy import greedy
 
@@ -153,6 +154,7 @@ def write_wide_gguf(
     return write_gguf(tmp_path / f"model-{qtype.name}.gguf", config, tensors, extra=extra)
 
 
+@needs_block_kernel
 @pytest.mark.parametrize(("form", "qtype"), list(TOLERANCE), ids=lambda v: v if isinstance(v, str) else v.name)
 def test_quantized_tensors_stay_quantized_within_tolerance(tmp_path: Path, form: str, qtype: str):
     path = write_wide_gguf(tmp_path, Q[qtype])
@@ -189,6 +191,7 @@ def test_layers_made_from_the_files_bytes_hold_its_weights_exactly(tmp_path: Pat
         assert torch.equal(decode(layer.codes, layer.scales), expanded), name
 
 
+@needs_block_kernel
 def test_a_layer_fused_from_several_types_keeps_each_ones_blocks(tmp_path: Path):
     """A Q4_K_M file's q and k (Q4_K) and v (Q6_K) make one layer of two block parts, each the file's weights."""
     path = write_wide_gguf(tmp_path, Q.Q4_K, types=Q4_K_M)
@@ -229,6 +232,7 @@ NARROW_ROWS_MATRICES = {
 Q4_K_M_FALLBACKS = {"blk.0.attn_v.weight": Q.Q8_0, "output.weight": Q.Q8_0, "blk.0.ffn_down.weight": Q.Q4_K}
 
 
+@needs_block_kernel
 def test_a_q4_k_m_file_with_rows_not_a_multiple_of_256_keeps_its_blocks(tmp_path: Path, stories_gguf_path: Path):
     """Its Q5_0 and Q8_0 layers, whose rows of 640 values are not whole super-blocks of the kernel, keep the file's
     weights exactly in rows padded with zero blocks; the logits stay near the float32 expansion's."""
@@ -253,6 +257,7 @@ def write_narrow_rows_gguf(tmp_path: Path, tokenizer: Path | None = None) -> Pat
     return write_wide_gguf(tmp_path, Q.Q5_0, NARROW_ROWS, NARROW_ROWS_MATRICES, norms, tokenizer, Q4_K_M_FALLBACKS)
 
 
+@needs_block_kernel
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q5_1], ids=lambda t: t.name)
 def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtype: Q):
     """Made from the file's bytes, the kept layers' weights are never decoded to float32: only the embedding and
@@ -270,6 +275,7 @@ def test_a_load_never_expands_the_layers_it_keeps_in_blocks(tmp_path: Path, qtyp
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
+@needs_block_kernel
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0, Q.Q3_K], ids=lambda t: t.name)
 def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype: Q):
     """Over the size threshold, the token embedding is the file's rows (never expanded whole), each looked-up row
@@ -288,6 +294,7 @@ def test_a_large_quantized_embedding_keeps_the_files_rows(tmp_path: Path, qtype:
         assert torch.equal(got, want)
 
 
+@needs_block_kernel
 @pytest.mark.parametrize("qtype", [Q.Q6_K, Q.IQ4_XS], ids=lambda t: t.name)
 def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
     """Tied to the output head (no output.weight in the file), a Q6_K table is the head's blocks, made from the
@@ -312,6 +319,7 @@ def test_a_tied_quantized_embedding(tmp_path: Path, qtype: Q):
         assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
 
 
+@needs_block_kernel
 def test_a_tied_embedding_reads_padded_rows_of_the_head(tmp_path: Path):
     """A table 640 wide tied to a Q5_0 head, whose rows the kernel pads to 768 values: each looked-up row is the
     file's 640 values, and the logits are the float table's bit for bit."""
@@ -352,6 +360,7 @@ def test_a_group_of_sixteen_even_levels_is_kept_exactly():
     assert torch.equal((groups * scale + zero).reshape(16, -1), weight)
 
 
+@needs_block_kernel
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q3_K], ids=lambda t: t.name)
 def test_a_load_reports_its_linear_layers_formats(tmp_path: Path, qtype: Q, stories_gguf_path: Path):
     path = write_wide_gguf(tmp_path, qtype, tokenizer=stories_gguf_path)

@@ -12,6 +12,7 @@ from inference.engine.kv.kv_budget import read_config
 from inference.engine.loaders.loading import torch_matmuls
 from inference.engine.model.transformer import cpu_linears
 from inference.engine.quant import block_quant
+from tests.engine.kernel_marks import needs_block_kernel
 
 
 def _config_85m(stories_hf_dir):
@@ -49,6 +50,7 @@ def test_which_layers_multiply_with_torch():
     assert torch_matmuls(torch.nn.Sequential(torch.nn.Linear(768, 512)))
 
 
+@needs_block_kernel
 def test_applying_sets_both_pools():
     before = (torch.get_num_threads(), matmul_kernel.KERNEL.threads())
     try:

@@ -9,9 +9,10 @@ from torch import nn
 
 from inference.engine.kernels import matmul as matmul_kernel
 from inference.engine.model.transformer import TransposedLinear, cpu_linears
+from tests.engine.kernel_marks import needs_transposed_kernel
 from tests.engine.test_float_matmul import assert_computes_the_product
 
-needs_kernel = pytest.mark.skipif(not matmul_kernel.transposed_kernel_runs(), reason="the CPU lacks AVX2 and FMA")
+needs_kernel = needs_transposed_kernel
 
 
 @needs_kernel

@@ -15,13 +15,13 @@ from safetensors.torch import save_file
 
 from inference.engine.contract import messages as p
 from inference.engine.execution.step_threads import SMALL_MODEL_PARAMETERS
-from inference.engine.kernels import matmul as matmul_kernel
 from inference.runtime.supervisor import WorkerSupervisor
+from tests.engine.kernel_marks import needs_float_kernel
 from tests.inference.engine_calls import generate, load
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skipif(not matmul_kernel.float_kernel_runs(), reason="the CPU lacks AVX2 and FMA"),
+    needs_float_kernel,
 ]
 
 SHAPE = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 1, "num_attention_heads": 16}

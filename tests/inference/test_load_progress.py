@@ -3,6 +3,7 @@
 
 import pytest
 
+from inference.engine import kernels
 from inference.engine.contract import messages as p
 from inference.management.load_progress_bar import progress_line
 from inference.runtime.in_process_client import InProcessEngineClient
@@ -37,7 +38,9 @@ async def test_a_load_reports_its_progress_while_it_runs_and_not_after(stories_g
                 "bytes_read": message.bytes_read, "bytes_total": message.bytes_total,
             }  # fmt: skip
             assert message.tensors_read <= message.tensors_total > 0 and message.bytes_read <= message.bytes_total
-        assert "load_progress" not in admin_model_row(client.models()["stories"])
+        row = admin_model_row(client.models()["stories"])
+        assert "load_progress" not in row
+        assert row["kernels"] == kernels.active_kernels()  # the worker's, here the same process's
     finally:
         await client.close()
 

@@ -12,6 +12,7 @@ import psutil
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from inference.engine import kernels
 from inference.engine.contract.params import LoadOptions
 from inference.engine.demo_model import write_demo_model
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
@@ -42,6 +43,7 @@ def test_load_and_unload_through_the_api(api, stories_hf_dir):
     assert (row["id"], row["device"], row["context_window"]) == ("s", "cpu", 128)
     assert row["compile"] is False  # the decode step runs eagerly, as asked, and says so
     assert row["graphs"] == {"mode": "eager", "buckets": [], "warmup_ms": 0.0, "fallback_reason": None}
+    assert row["kernels"] == kernels.active_kernels()  # the worker inherits this process's PANTHEON_KERNELS
     assert served(api) == ["s"]
     catalogue = CatalogModel.objects.get(name="s")
     assert (catalogue.path, catalogue.format, catalogue.architecture) == (str(stories_hf_dir), "hf", "llama")

@@ -178,6 +178,9 @@ class Loaded(Message, tag="l"):
     linear_formats: dict[str, int] = msgspec.field(default_factory=dict)
     graphs: DecodeGraphs = msgspec.field(default_factory=DecodeGraphs)  # the decode step as loaded
     prefix_cache_bytes: int = 0  # the KV pool's bytes beyond the sequences' full windows (kv_budget.py)
+    # The C kernels the worker runs ("block_matmul", "paged_attention", ...; kernels.active_kernels): empty when
+    # they are off (PANTHEON_KERNELS=off) or were not built, and torch's ops do all of it.
+    kernels: list[str] = msgspec.field(default_factory=list)
 
 
 class Unloaded(Message, tag="u"):

@@ -24,8 +24,8 @@ from functools import partial
 
 import torch
 
+from inference.engine import kernels
 from inference.engine.kernels import paged_attention, pointwise
-from inference.engine.kernels.matmul import KERNEL as MATMUL
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.transformer import (
     Block,
@@ -45,16 +45,13 @@ class _BlockCall:
 
     def __init__(self, layer: BlockLinear | BlockParts):
         parts = list(zip(layer.parts, layer.columns, strict=True)) if isinstance(layer, BlockParts) else [(layer, 0)]
-        # each part: (codes, scales, out_features, format, byte offset of its first column)
-        self.parts = [(p.codes.data_ptr(), p.scales.data_ptr(), p.out_features, p.FORMAT, 4 * c) for p, c in parts]
+        # each part: (codes, scales, format, its first column)
+        self.parts = [(p.codes, p.scales, p.FORMAT, c) for p, c in parts]
         self.in_features, self.bias = layer.in_features, layer.bias
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        rows, x_at, out_at, stride = x.shape[0], x.data_ptr(), out.data_ptr(), out.shape[1]
-        for codes, scales, out_features, format_code, offset in self.parts:
-            MATMUL.matmul(
-                out_at + offset, x_at, codes, scales, rows, out_features, self.in_features, format_code, stride
-            )
+        for codes, scales, format_name, column in self.parts:
+            kernels.block_matmul(out, x, codes, scales, format_name, self.in_features, column)
         if self.bias is not None:
             out.add_(self.bias)
 
@@ -62,14 +59,13 @@ class _BlockCall:
 class _FloatCall:
     """A float32 layer on the C kernel."""
 
-    __slots__ = ("weight", "out_features", "in_features", "bias")
+    __slots__ = ("weight", "bias")
 
     def __init__(self, layer: FloatLinear):
-        self.weight, self.bias = layer.weight.data_ptr(), layer.bias
-        self.out_features, self.in_features = layer.out_features, layer.in_features
+        self.weight, self.bias = layer.weight, layer.bias
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        MATMUL.float_matmul(out.data_ptr(), x.data_ptr(), self.weight, x.shape[0], self.out_features, self.in_features)
+        kernels.float_matmul(out, x, self.weight)
         if self.bias is not None:
             out.add_(self.bias)
 
@@ -81,7 +77,7 @@ class _TransposedCall:
     __slots__ = ("run",)
 
     def __init__(self, layer: TransposedLinear):
-        self.run = partial(transposed_product, layer.weight_t, layer.kernel_pointer(), layer.bias)
+        self.run = partial(transposed_product, layer.weight_t, layer.on_kernel(), layer.bias)
 
 
 _CALLS = {
@@ -120,7 +116,7 @@ def _call(layer: torch.nn.Module) -> _BlockCall | _FloatCall | _TransposedCall |
 class _Layer:
     __slots__ = ("index", "attention_norm", "ffn_norm", "wqkv", "wo", "w13", "w2")
 
-    def __init__(self, index: int, attention_norm: int, ffn_norm: int, linears: list):
+    def __init__(self, index: int, attention_norm: torch.Tensor, ffn_norm: torch.Tensor, linears: list):
         self.index, self.attention_norm, self.ffn_norm = index, attention_norm, ffn_norm
         self.wqkv, self.wo, self.w13, self.w2 = linears
 
@@ -162,7 +158,7 @@ class DecodePlan:
         self.group = config.num_heads // config.num_kv_heads
         self.qkv_width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
         self.ffn = config.intermediate_size
-        self.final_norm = model.norm.weight.data_ptr()
+        self.final_norm = model.norm.weight
         self.embed = _embed_into(model.embed)
         self.buffers: _Buffers | None = None  # for the largest batch so far
         self.views: dict[int, _Buffers] = {}  # its first rows, by batch size
@@ -173,7 +169,7 @@ class DecodePlan:
         if (
             paged_attention.KERNEL is None
             or pointwise.KERNEL is None
-            or MATMUL is None
+            or not kernels.block_kernel_runs()
             or model.norm.weight.device.type != "cpu"
             or model.norm.weight.dtype != torch.float32
             or type(model.norm) is not RMSNorm
@@ -187,7 +183,7 @@ class DecodePlan:
             linears = [_call(layer) for layer in (attention.wqkv, attention.wo, ffn.w13, ffn.w2)]
             if any(call is None for call in linears):
                 return None
-            norms = (block.attention_norm.weight.data_ptr(), block.ffn_norm.weight.data_ptr())
+            norms = (block.attention_norm.weight, block.ffn_norm.weight)
             layers.append(_Layer(i, *norms, linears))
         lm_head = _call(model.lm_head)
         return None if lm_head is None else cls(model, layers, lm_head)
@@ -206,48 +202,25 @@ class DecodePlan:
                 self.buffers = _Buffers.allocate(rows, self.hidden, self.qkv_width, attended, self.ffn, self.head_dim)
                 self.views = {}
             b = self.views[rows] = self.buffers.rows_of(rows)
-        model, norm, attend = self.model, pointwise.KERNEL.rms_norm, paged_attention.KERNEL.decode
+        model, norm, attend = self.model, kernels.rms_norm_into, kernels.attend_into
         positions = view.positions.reshape(-1)
         self.embed(tokens, b.x)
         torch.index_select(model.rope_cos, 0, positions, out=b.cos)
         torch.index_select(model.rope_sin_signed, 0, positions, out=b.sin_signed)
-        x, delta, normed, qkv, attended = (t.data_ptr() for t in (b.x, b.delta, b.normed, b.qkv, b.attended))
-        cos, sin_signed = b.cos.data_ptr(), b.sin_signed.data_ptr()
-        table, lengths, write_rows = view.table, view.lengths, view.write_rows
-        keys0 = cache.keys[0]
-        pool_blocks, block_size = keys0.shape[1], keys0.shape[2]
-        kv_code, scale = paged_attention.KV_DTYPE_CODES[keys0.dtype], self.head_dim**-0.5
-        residual = 0  # the first layer's norm adds nothing
+        x, normed, table, lengths, write_rows = b.x, b.normed, view.table, view.lengths, view.write_rows
+        residual = None  # the first layer's norm adds nothing
         for layer in self.layers:
-            norm(normed, x, residual, layer.attention_norm, rows, self.hidden, self.eps)
-            layer.wqkv.run(b.normed, b.qkv)
-            attend(
-                attended,
-                qkv,
-                cos,
-                sin_signed,
-                write_rows.data_ptr(),
-                cache.keys[layer.index].data_ptr(),
-                cache.values[layer.index].data_ptr(),
-                table.data_ptr(),
-                lengths.data_ptr(),
-                rows,
-                self.kv_heads,
-                self.group,
-                self.head_dim,
-                block_size,
-                pool_blocks,
-                table.shape[1],
-                scale,
-                kv_code,
-            )
+            norm(normed, x, layer.attention_norm, self.eps, residual)
+            layer.wqkv.run(normed, b.qkv)
+            keys, values = cache.keys[layer.index], cache.values[layer.index]
+            attend(b.attended, b.qkv, b.cos, b.sin_signed, keys, values, write_rows, table, lengths)
             layer.wo.run(b.attended, b.delta)
-            norm(normed, x, delta, layer.ffn_norm, rows, self.hidden, self.eps)
-            layer.w13.run(b.normed, b.gate_up)
-            pointwise.KERNEL.swiglu(b.activated.data_ptr(), b.gate_up.data_ptr(), rows, self.ffn)
+            norm(normed, x, layer.ffn_norm, self.eps, b.delta)
+            layer.w13.run(normed, b.gate_up)
+            kernels.swiglu_into(b.activated, b.gate_up)
             layer.w2.run(b.activated, b.delta)
-            residual = delta
-        norm(normed, x, residual, self.final_norm, rows, self.hidden, self.eps)
+            residual = b.delta
+        norm(normed, x, self.final_norm, self.eps, residual)
         logits = torch.empty(rows, self.vocab)
         self.lm_head.run(b.normed, logits)
         return logits

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine import kernels
 from inference.engine.kv.kv_budget import parameter_count
 from inference.engine.model.config import ModelConfig
 
@@ -43,4 +43,4 @@ def apply_step_threads(threads: StepThreads) -> None:
     """Makes the next step run with `threads`."""
     if torch.get_num_threads() != threads.torch:
         torch.set_num_threads(threads.torch)
-    matmul_kernel.set_threads(threads.kernels)
+    kernels.set_threads(threads.kernels)

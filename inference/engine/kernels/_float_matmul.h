@@ -20,7 +20,7 @@
  * On the first pass over a tile's rows, the next tile's weight rows are prefetched into L2, a cache line of each per
  * step along K: the hardware prefetcher starts each row's stream late, and prefetching into L1 (as this did first,
  * further ahead) pushed out the activations the tile reads from there; see docs/performance.md for what it changed.
- * Without either instruction set FloatLinear is not used (matmul_kernel.py).
+ * Without either instruction set FloatLinear is not used (kernels/matmul.py).
  */
 #pragma once
 #include <stdint.h>

@@ -510,8 +510,7 @@ static PyObject *matmul(PyObject *self, PyObject *args) {
                           &mm.out_stride))
         return NULL;
     if (mm.format < FORMAT_Q4_0 || mm.format > FORMAT_Q5_1) {
-        PyErr_SetString(PyExc_ValueError, "format must be 0 (Q4_0), 1 (Q8_0), 2 (Q4_K), 3 (Q6_K), 4 (Q5_K), 5 (Q5_0), "
-                                          "6 (Q4_1) or 7 (Q5_1)");
+        PyErr_Format(PyExc_ValueError, "no block format %d (FORMATS has the codes)", mm.format);
         return NULL;
     }
     const int k_quant = mm.format == FORMAT_Q4_K || mm.format == FORMAT_Q5_K || mm.format == FORMAT_Q6_K;
@@ -671,6 +670,29 @@ static PyObject *transposed_available(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(transposed_kernel_runs());
 }
 
+/* A weight row's bytes of codes and of scales in `format` for `k` input values (padded as `matmul` pads them), so
+ * the wrapper can check a layer's tensors hold what the kernel will read. */
+static PyObject *block_layout(PyObject *self, PyObject *args) {
+    int format;
+    long long k;
+    if (!PyArg_ParseTuple(args, "iL", &format, &k)) return NULL;
+    if (format < FORMAT_Q4_0 || format > FORMAT_Q5_1) {
+        PyErr_Format(PyExc_ValueError, "no block format %d", format);
+        return NULL;
+    }
+    const int k_quant = format == FORMAT_Q4_K || format == FORMAT_Q5_K || format == FORMAT_Q6_K;
+    if (k <= 0 || k % (k_quant ? SUPER : BLOCK) != 0) {
+        PyErr_Format(PyExc_ValueError, "in_features %lld is not a positive multiple of %d", k, k_quant ? SUPER : BLOCK);
+        return NULL;
+    }
+    const int64_t padded = (k + SUPER - 1) / SUPER * SUPER, blocks = padded / BLOCK, supers = padded / SUPER;
+    const int64_t scale_bytes = format == FORMAT_Q4_K || format == FORMAT_Q5_K ? supers * (int64_t)sizeof(KScales)
+                                : format == FORMAT_Q6_K                          ? supers * (int64_t)sizeof(Q6Scales)
+                                : format == FORMAT_Q4_1 || format == FORMAT_Q5_1 ? blocks * 4
+                                                                                 : blocks * 2;
+    return Py_BuildValue("LL", (long long)(supers * super_bytes(format)), (long long)scale_bytes);
+}
+
 static PyObject *set_threads(PyObject *self, PyObject *args) {
     int threads;
     if (!PyArg_ParseTuple(args, "i", &threads)) return NULL;
@@ -683,8 +705,8 @@ static PyObject *threads(PyObject *self, PyObject *unused) { return PyLong_FromL
 static PyMethodDef methods[] = {
     {"matmul", matmul, METH_VARARGS,
      "matmul(out, x, codes, scales, m, n, k, format, out_stride): out[m, n] = x[m, k] @ dequantized(codes, "
-     "scales)[n, k]^T (pointers as ints; float32 out, its rows out_stride floats apart, and x; format 0: Q4_0, "
-     "1: Q8_0 (float16 scales), 2: Q4_K, 3: Q6_K, 4: Q5_K (block_quant.py's scales))."},
+     "scales)[n, k]^T (pointers as ints; float32 out, its rows out_stride floats apart, and x; format: one of "
+     "FORMATS' codes, block_quant.py's layouts). Call it through the wrapper (matmul.py), which checks the tensors."},
     {"kernel_name", kernel_name, METH_NOARGS, "which implementation the products run on"},
     {"available", available, METH_NOARGS, "the implementations this CPU can run, best first"},
     {"select", select_kernel, METH_VARARGS, "select(name): run the products on that implementation (for tests)"},
@@ -695,6 +717,8 @@ static PyMethodDef methods[] = {
      "transposed_matmul(out, x, weight_t, m, n, k): out[m, n] = x[m, k] @ weight_t[k, n] (float32 pointers as ints)."},
     {"transposed_available", transposed_available, METH_NOARGS,
      "whether this CPU runs the transposed float32 kernel (AVX2 and FMA)"},
+    {"block_layout", block_layout, METH_VARARGS,
+     "block_layout(format, k): (bytes of codes, bytes of scales) of one weight row of k values in that format"},
     {"set_threads", set_threads, METH_VARARGS, "set_threads(n): share each call's work among n threads"},
     {"threads", threads, METH_NOARGS, "how many threads each call's work is shared among"},
     {NULL, NULL, 0, NULL},
@@ -719,6 +743,15 @@ PyMODINIT_FUNC PyInit__matmul(void) {
     matmul_rows = kernels[0].rows;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    /* the block formats' codes, by the names linear_formats reports: the wrapper reads them here */
+    PyObject *formats = Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "q4_0", FORMAT_Q4_0, "q8_0", FORMAT_Q8_0,
+                                      "q4_k", FORMAT_Q4_K, "q6_k", FORMAT_Q6_K, "q5_k", FORMAT_Q5_K, "q5_0",
+                                      FORMAT_Q5_0, "q4_1", FORMAT_Q4_1, "q5_1", FORMAT_Q5_1);
+    if (formats == NULL || PyModule_AddObject(m, "FORMATS", formats) < 0) {
+        Py_XDECREF(formats);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyObject *capsule = PyCapsule_New((void *)pool_run_shared, POOL_RUN_CAPSULE, NULL);
     if (capsule == NULL || PyModule_AddObject(m, "pool_run", capsule) < 0) {
         Py_XDECREF(capsule);

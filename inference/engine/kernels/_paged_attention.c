@@ -470,5 +470,15 @@ PyMODINIT_FUNC PyInit__paged_attention(void) {
 #endif
     pool_run = (PoolRun)PyCapsule_Import(POOL_RUN_CAPSULE, 0);
     if (pool_run == NULL) PyErr_Clear(); /* built without it: OpenMP's threads */
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    /* the pool dtypes' codes, by torch's names: the wrapper reads them here, so they are written once */
+    PyObject *codes = Py_BuildValue("{s:i,s:i,s:i}", "float32", KV_FLOAT32, "float16", KV_FLOAT16, "bfloat16",
+                                    KV_BFLOAT16);
+    if (codes == NULL || PyModule_AddObject(m, "KV_DTYPES", codes) < 0) {
+        Py_XDECREF(codes);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -6,22 +6,25 @@ tokens that costs more than the weights (docs/performance.md). The C kernel (`_p
 package) follows each row's block table instead, reads every key and value once, and skips the positions past a
 row's length that a padded batch would mask. It accepts float32, float16 and bfloat16 pools and computes in float32.
 
-The kernel is optional: where the package was installed without a C compiler it is missing, `KERNEL` is None, and
-decode attends through the gather and SDPA as on other devices.
+The kernel is optional (switch.py): without a C compiler, or with PANTHEON_KERNELS=off, `KERNEL` is None, and
+decode attends through the gather and SDPA as on other devices. `attend_into` checks the tensors (checks.py) before
+their addresses reach C.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:
-    from inference.engine.kernels import _paged_attention
-except ImportError:  # built without a C compiler: the gather path serves
-    _paged_attention = None
+from inference.engine.kernels.checks import explain, mismatch
+from inference.engine.kernels.switch import load
 
-KERNEL = _paged_attention
+KERNEL = load("_paged_attention")
+F32, I64 = torch.float32, torch.int64
 
-KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The pool dtypes the kernel reads, each with its code as `_paged_attention.c` defines it.
+KV_DTYPE_CODES: dict[torch.dtype, int] = (
+    {} if KERNEL is None else {getattr(torch, name): code for name, code in KERNEL.KV_DTYPES.items()}
+)
 
 
 def kernel_serves(device: torch.device, kv_dtype: torch.dtype) -> bool:
@@ -49,28 +52,62 @@ def decode_attention(
     # keys, values: [Hkv, pool_blocks, block_size, hd]; write_rows: [B * Hkv] long; table: [B, nb] long;
     # lengths: [B] long
     qkv, cos, sin_signed = qkv.float().contiguous(), cos.float().contiguous(), sin_signed.float().contiguous()
-    rows, width, dim = qkv.shape
-    kv_heads, pool_blocks, block_size, _ = keys.shape
-    group = (width - 2 * kv_heads) // kv_heads
-    out = torch.empty(rows, kv_heads * group * dim)
-    KERNEL.decode(
-        out.data_ptr(),
-        qkv.data_ptr(),
-        cos.data_ptr(),
-        sin_signed.data_ptr(),
-        write_rows.data_ptr(),
-        keys.data_ptr(),
-        values.data_ptr(),
-        table.data_ptr(),
-        lengths.data_ptr(),
-        rows,
-        kv_heads,
-        group,
-        dim,
-        block_size,
-        pool_blocks,
-        table.shape[1],
-        dim**-0.5,
-        KV_DTYPE_CODES[keys.dtype],
-    )
+    kv_heads = keys.shape[0]
+    out = torch.empty(qkv.shape[0], (qkv.shape[1] - 2 * kv_heads) * qkv.shape[2])
+    attend_into(out, qkv, cos, sin_signed, keys, values, write_rows, table, lengths)
     return out
+
+
+def attend_into(
+    out: torch.Tensor,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin_signed: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    write_rows: torch.Tensor,
+    table: torch.Tensor,
+    lengths: torch.Tensor,
+) -> None:
+    """decode_attention into `out` ([B, H * hd] float32), every tensor as the kernel reads it already: contiguous,
+    qkv, cos and sin_signed float32 (qkv [B, (H + 2 Hkv) * hd] or [B, H + 2 Hkv, hd]: the kernel reads flat rows)."""
+    if not (
+        qkv.is_cpu and qkv.dtype is F32 and qkv.is_contiguous() and out.is_cpu and out.dtype is F32
+        and out.is_contiguous() and cos.is_cpu and cos.dtype is F32 and cos.is_contiguous() and sin_signed.is_cpu
+        and sin_signed.dtype is F32 and sin_signed.is_contiguous() and keys.is_cpu and keys.is_contiguous()
+        and values.is_cpu and values.dtype is keys.dtype and values.is_contiguous() and write_rows.is_cpu
+        and write_rows.dtype is I64 and write_rows.is_contiguous() and table.is_cpu and table.dtype is I64
+        and table.is_contiguous() and lengths.is_cpu and lengths.dtype is I64 and lengths.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, qkv=qkv, out=out, cos=cos, sin_signed=sin_signed)
+        explain(keys.dtype, keys=keys, values=values)
+        explain(I64, write_rows=write_rows, table=table, lengths=lengths)
+    code = KV_DTYPE_CODES.get(keys.dtype)
+    if code is None:
+        raise TypeError(f"the KV pool is {keys.dtype}; the kernel reads {list(KV_DTYPE_CODES)}")
+    shape, ts, ls = keys.size(), table.size(), lengths.size()
+    if len(shape) != 4 or values.size() != shape or len(ts) != 2 or len(ls) != 1 or ts[0] != ls[0]:
+        raise mismatch("the KV pool or the block table does not fit", keys=keys, values=values, table=table,
+                       lengths=lengths)  # fmt: skip
+    kv_heads, pool_blocks, block_size, dim = shape
+    rows = ls[0]
+    heads = qkv.numel() // (rows * dim) if rows * dim else 0  # H + 2 Hkv
+    group = (heads - 2 * kv_heads) // kv_heads
+    if (
+        qkv.numel() != rows * heads * dim
+        or group < 1
+        or heads != (group + 2) * kv_heads
+        or cos.numel() != rows * dim
+        or sin_signed.numel() != rows * dim
+        or out.numel() != rows * kv_heads * group * dim
+        or write_rows.numel() != rows * kv_heads
+    ):
+        raise mismatch(
+            "the attention's tensors do not fit together",
+            qkv=qkv, cos=cos, sin_signed=sin_signed, keys=keys, write_rows=write_rows, table=table, out=out,
+        )  # fmt: skip
+    KERNEL.decode(
+        out.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(), write_rows.data_ptr(),
+        keys.data_ptr(), values.data_ptr(), table.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, dim,
+        block_size, pool_blocks, ts[1], dim**-0.5, code,
+    )  # fmt: skip

@@ -1,20 +1,20 @@
 """The decoder layer's row-wise work on float32 CPU rows through the C kernels of `_pointwise.c`: RMSNorm (with the
 residual add before it) and SwiGLU, one call each instead of torch's two to eight.
 
-Optional like the other kernels (paged_attention.py): without a C compiler `KERNEL` is None and transformer.py
-calls torch's ops.
+Optional like the other kernels (switch.py): without a C compiler, or with PANTHEON_KERNELS=off, `KERNEL` is None
+and transformer.py calls torch's ops. The `*_into` calls check the tensors (checks.py) before their addresses reach
+C.
 """
 
 from __future__ import annotations
 
 import torch
 
-try:
-    from inference.engine.kernels import _pointwise
-except ImportError:  # built without a C compiler
-    _pointwise = None
+from inference.engine.kernels.checks import explain, mismatch
+from inference.engine.kernels.switch import load
 
-KERNEL = _pointwise
+KERNEL = load("_pointwise")
+F32 = torch.float32
 
 
 def kernel_serves(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
@@ -36,17 +36,50 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     x = x.contiguous()
     residual = None if residual is None else residual.contiguous()
     out = torch.empty_like(x)
-    dim = x.shape[-1]
-    added = 0 if residual is None else residual.data_ptr()
-    KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), x.numel() // dim, dim, eps)
+    rms_norm_into(out, x, weight, eps, residual)
     return out
+
+
+def rms_norm_into(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> None:
+    """rms_norm into `out` (x's shape), every tensor contiguous float32 already."""
+    if not (
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+        and weight.is_cpu and weight.dtype is F32 and weight.is_contiguous()
+        and (residual is None or (residual.is_cpu and residual.dtype is F32 and residual.is_contiguous()))
+    ):  # fmt: skip
+        explain(F32, x=x, out=out, weight=weight, **({} if residual is None else {"residual": residual}))
+    xs, ws, numel = x.size(), weight.size(), x.numel()
+    if (
+        len(ws) != 1
+        or not xs
+        or xs[-1] != ws[0]
+        or out.numel() != numel
+        or (residual is not None and residual.numel() != numel)
+    ):
+        raise mismatch("the norm's tensors do not fit together", x=x, weight=weight, out=out, residual=residual)
+    added = 0 if residual is None else residual.data_ptr()
+    KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), numel // ws[0], ws[0], eps)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of float32 CPU rows holding gate then up (the fused gate/up projection's output)."""
     # gate_up: [..., 2 F] -> [..., F]
     gate_up = gate_up.contiguous()
-    width = gate_up.shape[-1] // 2
-    out = gate_up.new_empty(*gate_up.shape[:-1], width)
-    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), gate_up.numel() // (2 * width), width)
+    out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+    swiglu_into(out, gate_up)
     return out
+
+
+def swiglu_into(out: torch.Tensor, gate_up: torch.Tensor) -> None:
+    """swiglu into `out` ([..., F]), both contiguous float32 already."""
+    if not (
+        gate_up.is_cpu and gate_up.dtype is F32 and gate_up.is_contiguous()
+        and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+    ):  # fmt: skip
+        explain(F32, gate_up=gate_up, out=out)
+    gs, os_, numel = gate_up.size(), out.size(), out.numel()
+    if not os_ or not gs or gs[-1] != 2 * os_[-1] or 2 * numel != gate_up.numel():
+        raise mismatch("the SwiGLU's tensors do not fit together", gate_up=gate_up, out=out)
+    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), numel // os_[-1], os_[-1])

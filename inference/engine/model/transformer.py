@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.kernels import matmul as matmul_kernel
+from inference.engine import kernels
 from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.attention import Attend, CacheAttention
@@ -61,22 +61,21 @@ PACK_BATCH_HINT = 8
 # microseconds through torch.ops) would dominate a tiny model's step.
 PACK_MIN_ELEMENTS = 1 << 18
 # Whether the CPU runs the C kernel for those smaller float32 weights (TransposedLinear), asked once.
-TRANSPOSED_KERNEL = matmul_kernel.transposed_kernel_runs()
+TRANSPOSED_KERNEL = kernels.transposed_kernel_runs()
 # Up to this many rows (a decode step's) that kernel is faster than torch.matmul; from ~64 rows on (a prompt's) MKL's
 # larger tiles win (docs/performance.md).
 TRANSPOSED_KERNEL_ROWS = 48
 
 
 def transposed_product(
-    weight_t: torch.Tensor, pointer: int, bias: torch.Tensor | None, rows: torch.Tensor, out: torch.Tensor
+    weight_t: torch.Tensor, on_kernel: bool, bias: torch.Tensor | None, rows: torch.Tensor, out: torch.Tensor
 ) -> None:
-    """out[R, out] = rows[R, in] @ weight_t[in, out] (+ bias); `pointer` is weight_t's address where the layer is on
-    the C kernel, else 0. The one product TransposedLinear's forward and the decode plan share (the plan binds the
-    first three arguments once: at a microsecond a call, each lookup counts), so the plan's logits are the forward's
-    bit for bit."""
+    """out[R, out] = rows[R, in] @ weight_t[in, out] (+ bias); `on_kernel` where the layer is on the C kernel. The
+    one product TransposedLinear's forward and the decode plan share (the plan binds the first three arguments once:
+    at a microsecond a call, each lookup counts), so the plan's logits are the forward's bit for bit."""
     m = rows.shape[0]
-    if pointer and m <= TRANSPOSED_KERNEL_ROWS:
-        matmul_kernel.KERNEL.transposed_matmul(out.data_ptr(), rows.data_ptr(), pointer, m, out.shape[1], rows.shape[1])
+    if on_kernel and m <= TRANSPOSED_KERNEL_ROWS:
+        kernels.transposed_matmul(out, rows, weight_t)
     else:
         torch.matmul(rows, weight_t, out=out)
     if bias is not None:
@@ -99,10 +98,6 @@ class TransposedLinear(nn.Module):
         """Whether a few rows' product is the C kernel's."""
         return self.weight_t.dtype == torch.float32 and TRANSPOSED_KERNEL
 
-    def kernel_pointer(self) -> int:
-        """transposed_product's `pointer`: the weight's address on the kernel, else 0."""
-        return self.weight_t.data_ptr() if self.on_kernel() else 0
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
         if torch.compiler.is_dynamo_compiling():  # the compiled step traces the plain product, which inductor fuses
@@ -110,7 +105,7 @@ class TransposedLinear(nn.Module):
             return out if self.bias is None else out + self.bias
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=self.weight_t.dtype)
-        transposed_product(self.weight_t, self.kernel_pointer(), self.bias, rows, out)
+        transposed_product(self.weight_t, self.on_kernel(), self.bias, rows, out)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
 
@@ -141,7 +136,7 @@ _linear_pointwise = torch.ops.mkldnn._linear_pointwise.default  # the overload i
 
 
 class FloatLinear(nn.Module):
-    """A CPU float32 linear layer on the C kernel (`_float_matmul.h`, matmul_kernel.py), weight in nn.Linear's
+    """A CPU float32 linear layer on the C kernel (`_float_matmul.h`, kernels/matmul.py), weight in nn.Linear's
     layout: faster than PackedLinear for a decode step's few rows, slower for a prompt's many, and its threads are
     the kernel's elastic pool, which a serving host's other work does not stall (docs/performance.md)."""
 
@@ -155,9 +150,7 @@ class FloatLinear(nn.Module):
         # x: [..., in] -> [..., out]; never traced: a compiled step calls it opaquely (compiled_step.py)
         rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, self.in_features).contiguous()
         out = torch.empty(rows.shape[0], self.out_features)
-        matmul_kernel.KERNEL.float_matmul(
-            out.data_ptr(), rows.data_ptr(), self.weight.data_ptr(), rows.shape[0], self.out_features, self.in_features
-        )
+        kernels.float_matmul(out, rows, self.weight)
         if x.dim() != 2:
             out = out.view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out.add_(self.bias)
@@ -166,7 +159,7 @@ class FloatLinear(nn.Module):
 def cpu_linears(model: nn.Module, *, float32: bool) -> nn.Module:
     """Replaces every nn.Linear in place: large float32 ones with a FloatLinear where the CPU runs its kernel, else
     with a PackedLinear where oneDNN is there; the rest with a TransposedLinear."""
-    kernel, onednn = matmul_kernel.float_kernel_runs(), torch.backends.mkldnn.is_available()
+    kernel, onednn = kernels.float_kernel_runs(), torch.backends.mkldnn.is_available()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):

@@ -18,7 +18,7 @@ expands them to float32 (`encode_q4_0_blocks`, `encode_q8_0_blocks`, `encode_q4_
 not be found again from the expansion anyway (a Q4_K block's minimum is not one of its values, a Q6_K block has two
 scales).
 
-The kernel is optional (matmul_kernel.py): without a C compiler `KERNEL` is None and these layers take another form
+The kernel is optional (kernels/switch.py): without a C compiler `KERNEL` is None and these layers take another form
 (stored_quant.py).
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.kernels.matmul import KERNEL
+from inference.engine import kernels
 from inference.engine.quant.block_codecs import (
     decode_q4_0,
     decode_q4_1,
@@ -84,7 +84,7 @@ class BlockLinear(_BlockProduct):
     bytes (`stored`, [out, bytes per row]), or for Q4_0 and Q8_0 as `encode_weight` finds them again in the float
     weight; `decode` gives the float weight back (codes, scales, in_features)."""
 
-    FORMAT: int  # the kernel's code for the weight format
+    FORMAT: str  # the weight format's name in the kernel (kernels.FORMATS)
     encode: staticmethod
     decode: staticmethod
     encode_weight: staticmethod | None = None
@@ -108,17 +108,7 @@ class BlockLinear(_BlockProduct):
         return rows.contiguous()  # without a padded row's tail
 
     def write(self, rows: torch.Tensor, out: torch.Tensor, column: int = 0) -> None:
-        KERNEL.matmul(
-            out.data_ptr() + column * out.element_size(),
-            rows.data_ptr(),
-            self.codes.data_ptr(),
-            self.scales.data_ptr(),
-            rows.shape[0],
-            self.out_features,
-            self.in_features,
-            self.FORMAT,
-            out.shape[1],
-        )
+        kernels.block_matmul(out, rows, self.codes, self.scales, self.FORMAT, self.in_features, column)
 
 
 class BlockParts(_BlockProduct):
@@ -143,7 +133,7 @@ class BlockParts(_BlockProduct):
 class Q4_0Linear(BlockLinear):
     """Q4_0 blocks: 4-bit codes (the value plus 8, two to a byte)."""
 
-    FORMAT = 0
+    FORMAT = "q4_0"
     encode = staticmethod(encode_q4_0_blocks)
     decode = staticmethod(decode_q4_0)
     encode_weight = staticmethod(encode_q4_0)
@@ -152,7 +142,7 @@ class Q4_0Linear(BlockLinear):
 class Q8_0Linear(BlockLinear):
     """Q8_0 blocks: signed 8-bit codes."""
 
-    FORMAT = 1
+    FORMAT = "q8_0"
     encode = staticmethod(encode_q8_0_blocks)
     decode = staticmethod(decode_q8_0)
     encode_weight = staticmethod(encode_q8_0)
@@ -163,7 +153,7 @@ class Q5_0Linear(BlockLinear):
     own), from the file's bytes. llama.cpp's K-quant files hold Q5_0 where a row is not a multiple of 256 values, and
     a Q5_0 file all through."""
 
-    FORMAT = 5
+    FORMAT = "q5_0"
     encode = staticmethod(encode_q5_0_blocks)
     decode = staticmethod(decode_q5_0)
 
@@ -171,7 +161,7 @@ class Q5_0Linear(BlockLinear):
 class Q4_1Linear(BlockLinear):
     """Q4_1 blocks: 4-bit codes (0..15, two to a byte) and each block's scale and minimum, from the file's bytes."""
 
-    FORMAT = 6
+    FORMAT = "q4_1"
     encode = staticmethod(encode_q4_1_blocks)
     decode = staticmethod(decode_q4_1)
 
@@ -181,7 +171,7 @@ class Q5_1Linear(BlockLinear):
     scale and minimum, from the file's bytes. llama.cpp's K-quant files hold Q5_1 where a Q5_K row would not be a
     multiple of 256 values."""
 
-    FORMAT = 7
+    FORMAT = "q5_1"
     encode = staticmethod(encode_q5_1_blocks)
     decode = staticmethod(decode_q5_1)
 
@@ -189,7 +179,7 @@ class Q5_1Linear(BlockLinear):
 class Q3_KLinear(BlockLinear):
     """Q3_K super-blocks held as Q6_K's (`encode_q3_k`), from the file's bytes: the file's weights exactly."""
 
-    FORMAT = 3
+    FORMAT = "q6_k"
     encode = staticmethod(encode_q3_k)
     decode = staticmethod(decode_q6_k)
 
@@ -198,7 +188,7 @@ class Q4_KLinear(BlockLinear):
     """Q4_K super-blocks: 4-bit codes (0..15, two to a byte) and each super-block's scales and mins, from the file's
     bytes."""
 
-    FORMAT = 2
+    FORMAT = "q4_k"
     encode = staticmethod(encode_q4_k)
     decode = staticmethod(decode_q4_k)
 
@@ -207,7 +197,7 @@ class Q5_KLinear(BlockLinear):
     """Q5_K super-blocks: 5-bit codes (the low four bits two to a byte, the fifth in a plane of their own) and each
     super-block's scales and mins, from the file's bytes."""
 
-    FORMAT = 4
+    FORMAT = "q5_k"
     encode = staticmethod(encode_q5_k)
     decode = staticmethod(decode_q5_k)
 
@@ -216,6 +206,6 @@ class Q6_KLinear(BlockLinear):
     """Q6_K super-blocks: 6-bit codes (the low four bits two to a byte, the top two in planes of their own) and each
     super-block's scales, from the file's bytes."""
 
-    FORMAT = 3
+    FORMAT = "q6_k"
     encode = staticmethod(encode_q6_k)
     decode = staticmethod(decode_q6_k)

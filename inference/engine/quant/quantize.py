@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine import kernels
 from inference.engine.quant.block_codecs import fits_blocks
-from inference.engine.quant.block_quant import KERNEL, Q8_0Linear
+from inference.engine.quant.block_quant import Q8_0Linear
 
 # Without VNNI, fbgemm multiplies u8 x s8 pairs into saturating int16: full-range activations could overflow.
 REDUCE_RANGE = not getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
@@ -88,7 +89,7 @@ def quantize_linears(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 on_cpu = child.weight.device.type == "cpu"
-                if on_cpu and KERNEL is not None and fits_blocks(child):
+                if on_cpu and kernels.block_kernel_runs() and fits_blocks(child):
                     setattr(parent, name, Q8_0Linear(child))
                 else:
                     setattr(parent, name, (DynamicInt8Linear if on_cpu else WeightOnlyInt8Linear)(child))

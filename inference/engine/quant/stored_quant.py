@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from inference.engine import kernels
 from inference.engine.model.layout import EMBEDDING
-from inference.engine.quant import block_quant
 from inference.engine.quant.block_codecs import fits_blocks
 from inference.engine.quant.block_quant import (
     BlockLinear,
@@ -78,7 +78,7 @@ class KeepQuantized:
 
     stored_types: Mapping[str, str]
     file_bytes: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    block_kernel: bool = block_quant.KERNEL is not None
+    block_kernel: bool = kernels.block_kernel_runs()
     int4_kernel: bool = field(default_factory=int4_kernel_is_fast)
     min_elements: int = MIN_QUANTIZED_ELEMENTS
     min_embedding_elements: int = MIN_STORED_EMBEDDING_ELEMENTS
