@@ -15,8 +15,9 @@ from torch import nn
 
 from inference.engine import kernels
 from inference.engine.execution.runner import ModelRunner
+from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from inference.engine.model.transformer import FloatLinear, Transformer
+from inference.engine.model.transformer import FloatLinear
 from inference.engine.quant import block_quant
 from inference.engine.quant.block_quant import Q4_0Linear
 from inference.engine.worker_process import log_start
@@ -188,7 +189,7 @@ def test_a_decode_step_over_a_kv_pool_with_other_strides_raises_and_the_next_one
     strides is refused as a ValueError before the attention kernel reads it; with the pool restored, decoding goes
     on as before."""
     checkpoint = read_hf_dir(stories_hf_dir)
-    model = Transformer.from_hf_weights(checkpoint.config, checkpoint.tensors, context_window=64)
+    model = build_model(checkpoint.config, checkpoint.tensors, context_window=64)
     runner = ModelRunner(model, max_concurrent=1, context_window=64)
     assert runner.plan is not None
     slot = runner.allocate_slot()
