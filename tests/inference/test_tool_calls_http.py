@@ -18,6 +18,7 @@ import pytest
 
 from tests.inference.serving import sse_events
 from tests.inference.session_turns import error_of, load
+from tests.tool_parsing import parse_tool_calls
 from tests.tool_schemas import MEASURE, MEASURE_TOOL, SCHEMAS, TOOLS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -212,8 +213,6 @@ def test_v1_models_reports_whether_required_may_think(api, demo_dir, stories_hf_
 
 
 def test_a_constrained_call_has_the_logprobs_of_the_tokens_it_emitted(api, demo_dir):
-    from inference.engine.contract.dialects.parser import parse_tool_calls
-
     load(api, demo_dir, "demo")
     body = ask(api, tools=TOOLS, tool_choice="required", seed=9, logprobs=True, top_logprobs=20).json()
     [call] = body["choices"][0]["message"]["tool_calls"]
