@@ -209,3 +209,20 @@ def test_the_workers_start_line_names_the_active_kernels(caplog):
     active = kernels.active_kernels()
     assert line.startswith("worker cpu: ") and all(name in line for name in active)
     assert ("torch's ops everywhere" in line) == (not active)
+
+
+@needs_every_kernel
+def test_a_bound_call_is_checked_when_bound_and_then_runs_as_the_checked_one():
+    """The decode plan binds its calls once (kernels.bind, BoundAttention): a tensor that does not fit is refused
+    then, as a Python error, and the bound call computes what the checked call does."""
+    x, weight = floats(3, 64), floats(64)
+    with pytest.raises(ValueError):
+        kernels.bind(kernels.rms_norm_call, floats(3, 48), x, weight, 1e-5)  # out narrower than x
+    with pytest.raises(ValueError):
+        kernels.bind(kernels.swiglu_call, floats(3, 64), floats(64, 3).t())  # a transposed gate/up
+    with pytest.raises(ValueError):  # qkv one head short of 4 query heads over 2 KV heads of 16
+        kernels.BoundAttention(floats(2, 32), floats(2, 112), floats(2, 16), floats(2, 16), kv_heads=2)
+    bound_out, checked_out = torch.empty(3, 64), torch.empty(3, 64)
+    kernels.bind(kernels.rms_norm_call, bound_out, x, weight, 1e-5)()
+    kernels.rms_norm_into(checked_out, x, weight, 1e-5)
+    assert torch.equal(bound_out, checked_out)

@@ -33,6 +33,7 @@ from inference.engine.model.transformer import (
     RMSNorm,
     Transformer,
     TransposedLinear,
+    bound_transposed_product,
     transposed_product,
 )
 from inference.engine.quant.block_quant import BlockLinear, BlockParts
@@ -55,6 +56,14 @@ class _BlockCall:
         if self.bias is not None:
             out.add_(self.bias)
 
+    def bind(self, x: torch.Tensor, out: torch.Tensor) -> list[Callable[[], None]]:
+        """`run(x, out)` for these buffers, as calls checked once."""
+        calls = [
+            kernels.bind(kernels.block_matmul_call, out, x, codes, scales, format_name, self.in_features, column)
+            for codes, scales, format_name, column in self.parts
+        ]
+        return calls if self.bias is None else [*calls, partial(out.add_, self.bias)]
+
 
 class _FloatCall:
     """A float32 layer on the C kernel."""
@@ -69,15 +78,21 @@ class _FloatCall:
         if self.bias is not None:
             out.add_(self.bias)
 
+    def bind(self, x: torch.Tensor, out: torch.Tensor) -> list[Callable[[], None]]:
+        """`run(x, out)` for these buffers, as calls checked once."""
+        call = kernels.bind(kernels.float_matmul_call, out, x, self.weight)
+        return [call] if self.bias is None else [call, partial(out.add_, self.bias)]
+
 
 class _TransposedCall:
     """A small float32 layer ([in, out] weight): the layer's own product (transformer.transposed_product) with its
     weight bound, into the buffer: `run(x, out)`."""
 
-    __slots__ = ("run",)
+    __slots__ = ("run", "bind")
 
     def __init__(self, layer: TransposedLinear):
         self.run = partial(transposed_product, layer.weight_t, layer.on_kernel(), layer.bias)
+        self.bind = partial(bound_transposed_product, layer.weight_t, layer.on_kernel(), layer.bias)
 
 
 _CALLS = {
@@ -149,6 +164,18 @@ class _Buffers:
         return self if rows == self.rows else _Buffers(*(getattr(self, f.name)[:rows] for f in fields(self)))
 
 
+@dataclass(slots=True)
+class _BoundStep:
+    """A batch size's step: its buffers and every kernel call on them, checked once and bound. Each layer is the
+    calls before its attention and those after; the attention takes the step's block table and the layer's KV pool,
+    which are checked as they come (kernels.BoundAttention)."""
+
+    buffers: _Buffers
+    attention: kernels.BoundAttention
+    layers: list[tuple[int, list[Callable[[], None]], list[Callable[[], None]]]]
+    final_norm: Callable[[], None]
+
+
 class DecodePlan:
     def __init__(self, model: Transformer, layers: list[_Layer], lm_head):
         config = model.config
@@ -161,7 +188,7 @@ class DecodePlan:
         self.final_norm = model.norm.weight
         self.embed = _embed_into(model.embed)
         self.buffers: _Buffers | None = None  # for the largest batch so far
-        self.views: dict[int, _Buffers] = {}  # its first rows, by batch size
+        self.steps: dict[int, _BoundStep] = {}  # on its first rows, by batch size
 
     @classmethod
     def build(cls, model: Transformer) -> DecodePlan | None:
@@ -195,32 +222,45 @@ class DecodePlan:
     def forward(self, tokens: torch.Tensor, cache: KVCache, view: CacheView) -> torch.Tensor:
         """The logits [B, V] of one decode token per row of `view`, as Transformer.forward computes them."""
         rows = tokens.shape[0]
-        b = self.views.get(rows)
-        if b is None:
-            if self.buffers is None or self.buffers.rows < rows:
-                attended = self.kv_heads * self.group * self.head_dim
-                self.buffers = _Buffers.allocate(rows, self.hidden, self.qkv_width, attended, self.ffn, self.head_dim)
-                self.views = {}
-            b = self.views[rows] = self.buffers.rows_of(rows)
-        model, norm, attend = self.model, kernels.rms_norm_into, kernels.attend_into
+        step = self.steps.get(rows) or self._bind(rows)
+        b, attention, keys, values = step.buffers, step.attention, cache.keys, cache.values
         positions = view.positions.reshape(-1)
         self.embed(tokens, b.x)
-        torch.index_select(model.rope_cos, 0, positions, out=b.cos)
-        torch.index_select(model.rope_sin_signed, 0, positions, out=b.sin_signed)
-        x, normed, table, lengths, write_rows = b.x, b.normed, view.table, view.lengths, view.write_rows
-        residual = None  # the first layer's norm adds nothing
-        for layer in self.layers:
-            norm(normed, x, layer.attention_norm, self.eps, residual)
-            layer.wqkv.run(normed, b.qkv)
-            keys, values = cache.keys[layer.index], cache.values[layer.index]
-            attend(b.attended, b.qkv, b.cos, b.sin_signed, keys, values, write_rows, table, lengths)
-            layer.wo.run(b.attended, b.delta)
-            norm(normed, x, layer.ffn_norm, self.eps, b.delta)
-            layer.w13.run(normed, b.gate_up)
-            kernels.swiglu_into(b.activated, b.gate_up)
-            layer.w2.run(b.activated, b.delta)
-            residual = b.delta
-        norm(normed, x, self.final_norm, self.eps, residual)
+        torch.index_select(self.model.rope_cos, 0, positions, out=b.cos)
+        torch.index_select(self.model.rope_sin_signed, 0, positions, out=b.sin_signed)
+        attention.step(view.write_rows, view.table, view.lengths)
+        for index, before, after in step.layers:
+            for call in before:
+                call()
+            attention(keys[index], values[index])
+            for call in after:
+                call()
+        step.final_norm()
         logits = torch.empty(rows, self.vocab)
         self.lm_head.run(b.normed, logits)
         return logits
+
+    def _bind(self, rows: int) -> _BoundStep:
+        """The step of `rows` rows: its buffers (the first rows of the largest batch's) and its calls, bound."""
+        if self.buffers is None or self.buffers.rows < rows:
+            attended = self.kv_heads * self.group * self.head_dim
+            self.buffers = _Buffers.allocate(rows, self.hidden, self.qkv_width, attended, self.ffn, self.head_dim)
+            self.steps = {}
+        b = self.buffers.rows_of(rows)
+        norm = partial(kernels.bind, kernels.rms_norm_call)
+        layers, residual = [], None  # the first layer's norm adds nothing
+        for layer in self.layers:
+            before = [norm(b.normed, b.x, layer.attention_norm, self.eps, residual), *layer.wqkv.bind(b.normed, b.qkv)]
+            after = [
+                *layer.wo.bind(b.attended, b.delta),
+                norm(b.normed, b.x, layer.ffn_norm, self.eps, b.delta),
+                *layer.w13.bind(b.normed, b.gate_up),
+                kernels.bind(kernels.swiglu_call, b.activated, b.gate_up),
+                *layer.w2.bind(b.activated, b.delta),
+            ]
+            layers.append((layer.index, before, after))
+            residual = b.delta
+        attention = kernels.BoundAttention(b.attended, b.qkv, b.cos, b.sin_signed, self.kv_heads)
+        final_norm = norm(b.normed, b.x, self.final_norm, self.eps, residual)
+        step = self.steps[rows] = _BoundStep(b, attention, layers, final_norm)
+        return step

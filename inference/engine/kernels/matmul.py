@@ -9,6 +9,8 @@ and those layers take torch's forms instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from inference.engine.kernels.checks import explain, mismatch
@@ -54,8 +56,23 @@ def block_matmul(
     in_features: int,
     column: int = 0,
 ) -> None:
-    """out[:, column : column + N] = x @ W^T, W [N, in_features] the weight whose blocks in `format_name` are
-    `codes` (N rows) and `scales` as block_quant.py lays them out; x [R, in_features] and out [R, *] float32."""
+    """out[:, column : column + N] = x @ W^T (block_matmul_call's product)."""
+    run, args = block_matmul_call(out, x, codes, scales, format_name, in_features, column)
+    run(*args)
+
+
+def block_matmul_call(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    format_name: str,
+    in_features: int,
+    column: int = 0,
+) -> tuple[Callable[..., None], tuple]:
+    """The checked C call (function, arguments) of out[:, column : column + N] = x @ W^T, W [N, in_features] the
+    weight whose blocks in `format_name` are `codes` (N rows) and `scales` as block_quant.py lays them out;
+    x [R, in_features] and out [R, *] float32."""
     if not (
         x.is_cpu and x.dtype is F32 and x.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
         and codes.is_cpu and codes.is_contiguous() and scales.is_cpu and scales.is_contiguous()
@@ -77,14 +94,18 @@ def block_matmul(
             codes=codes,
             scales=scales,
         )
-    KERNEL.matmul(
-        out.data_ptr() + column * 4, x.data_ptr(), codes.data_ptr(), scales.data_ptr(), xs[0], n, in_features, code,
-        outs[1],
-    )  # fmt: skip
+    args = (out.data_ptr() + column * 4, x.data_ptr(), codes.data_ptr(), scales.data_ptr(), xs[0], n, in_features)
+    return KERNEL.matmul, (*args, code, outs[1])
 
 
 def float_matmul(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
     """out[R, N] = x[R, K] @ weight[N, K]^T, float32, on the kernel's pool."""
+    run, args = float_matmul_call(out, x, weight)
+    run(*args)
+
+
+def float_matmul_call(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[Callable[..., None], tuple]:
+    """float_matmul's checked C call (function, arguments)."""
     if not (
         x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight.is_cpu and weight.dtype is F32
         and weight.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
@@ -93,11 +114,19 @@ def float_matmul(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> No
     xs, ws = x.size(), weight.size()
     if len(xs) != 2 or len(ws) != 2 or ws[1] != xs[1] or out.size() != (xs[0], ws[0]):
         raise mismatch("the float product's shapes do not fit", x=x, weight=weight, out=out)
-    KERNEL.float_matmul(out.data_ptr(), x.data_ptr(), weight.data_ptr(), xs[0], ws[0], xs[1])
+    return KERNEL.float_matmul, (out.data_ptr(), x.data_ptr(), weight.data_ptr(), xs[0], ws[0], xs[1])
 
 
 def transposed_matmul(out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> None:
     """out[R, N] = x[R, K] @ weight_t[K, N], float32, on the calling thread."""
+    run, args = transposed_matmul_call(out, x, weight_t)
+    run(*args)
+
+
+def transposed_matmul_call(
+    out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor
+) -> tuple[Callable[..., None], tuple]:
+    """transposed_matmul's checked C call (function, arguments)."""
     if not (
         x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight_t.is_cpu and weight_t.dtype is F32
         and weight_t.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
@@ -106,4 +135,4 @@ def transposed_matmul(out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor
     xs, ws = x.size(), weight_t.size()
     if len(xs) != 2 or len(ws) != 2 or ws[0] != xs[1] or out.size() != (xs[0], ws[1]):
         raise mismatch("the transposed product's shapes do not fit", x=x, weight_t=weight_t, out=out)
-    KERNEL.transposed_matmul(out.data_ptr(), x.data_ptr(), weight_t.data_ptr(), xs[0], ws[1], xs[1])
+    return KERNEL.transposed_matmul, (out.data_ptr(), x.data_ptr(), weight_t.data_ptr(), xs[0], ws[1], xs[1])

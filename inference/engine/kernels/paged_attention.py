@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.kernels.checks import explain, mismatch
+from inference.engine.kernels.checks import explain, mismatch, need
 from inference.engine.kernels.switch import load
 
 KERNEL = load("_paged_attention")
@@ -111,3 +111,72 @@ def attend_into(
         keys.data_ptr(), values.data_ptr(), table.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, dim,
         block_size, pool_blocks, ts[1], dim**-0.5, code,
     )  # fmt: skip
+
+
+class BoundAttention:
+    """attend_into for a caller that owns `out`, `qkv`, `cos` and `sin_signed` and never resizes them (the decode
+    plan's buffers): those are checked once, here, and their addresses bound; what changes from step to step is
+    checked where it comes in: the block table once a step (`step`), each layer's KV pool at its call. A step of a
+    small model makes a few dozen kernel calls, and checking every tensor of each costs more than the call."""
+
+    __slots__ = ("_buffers", "_tensors", "rows", "kv_heads", "group", "dim", "_view")
+
+    def __init__(
+        self, out: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, kv_heads: int
+    ):
+        need(out, "out", F32, 2)
+        need(qkv, "qkv", F32, 2)
+        need(cos, "cos", F32, 2)
+        need(sin_signed, "sin_signed", F32, 2)
+        rows, dim = cos.size()
+        heads, rest = divmod(qkv.size(1), dim) if dim else (0, 1)
+        group = (heads - 2 * kv_heads) // kv_heads if kv_heads > 0 else 0
+        if (
+            rest
+            or group < 1
+            or heads != (group + 2) * kv_heads
+            or qkv.size(0) != rows
+            or sin_signed.size() != cos.size()
+            or out.size() != (rows, kv_heads * group * dim)
+        ):
+            raise mismatch("the attention's buffers do not fit together", out=out, qkv=qkv, cos=cos, kv_heads=kv_heads)
+        self._tensors = (out, qkv, cos, sin_signed)  # their memory lives as long as the call
+        self._buffers = (out.data_ptr(), qkv.data_ptr(), cos.data_ptr(), sin_signed.data_ptr())
+        self.rows, self.kv_heads, self.group, self.dim = rows, kv_heads, group, dim
+        self._view: tuple = ()
+
+    def step(self, write_rows: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor) -> None:
+        """This step's block table, lengths and write rows, checked, for every layer's call until the next step."""
+        if not (
+            write_rows.is_cpu and write_rows.dtype is I64 and write_rows.is_contiguous() and table.is_cpu
+            and table.dtype is I64 and table.is_contiguous() and lengths.is_cpu and lengths.dtype is I64
+            and lengths.is_contiguous()
+        ):  # fmt: skip
+            explain(I64, write_rows=write_rows, table=table, lengths=lengths)
+        ts = table.size()
+        if len(ts) != 2 or ts[0] != self.rows or lengths.size() != (self.rows,):
+            raise mismatch("the block table does not fit the batch", table=table, lengths=lengths, rows=self.rows)
+        if write_rows.numel() != self.rows * self.kv_heads:
+            raise mismatch("the write rows do not fit the batch", write_rows=write_rows, rows=self.rows)
+        self._view = (write_rows, table, lengths)
+
+    def __call__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """One layer's attention over its KV pool `keys`, `values` [Hkv, pool_blocks, block_size, hd]."""
+        write_rows, table, lengths = self._view
+        shape = keys.size()
+        code = KV_DTYPE_CODES.get(keys.dtype)
+        if not (
+            code is not None and keys.is_contiguous() and values.is_contiguous() and values.dtype is keys.dtype
+            and keys.is_cpu and values.is_cpu and len(shape) == 4 and values.size() == shape
+            and shape[0] == self.kv_heads and shape[3] == self.dim
+        ):  # fmt: skip
+            if code is None:
+                raise TypeError(f"the KV pool is {keys.dtype}; the kernel reads {list(KV_DTYPE_CODES)}")
+            explain(keys.dtype, keys=keys, values=values)
+            raise mismatch("the KV pool does not fit the attention", keys=keys, values=values, kv_heads=self.kv_heads)
+        out, qkv, cos, sin_signed = self._buffers
+        KERNEL.decode(
+            out, qkv, cos, sin_signed, write_rows.data_ptr(), keys.data_ptr(), values.data_ptr(), table.data_ptr(),
+            lengths.data_ptr(), self.rows, self.kv_heads, self.group, self.dim, shape[2], shape[1], table.size(1),
+            self.dim**-0.5, code,
+        )  # fmt: skip

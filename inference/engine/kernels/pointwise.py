@@ -8,6 +8,8 @@ C.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from inference.engine.kernels.checks import explain, mismatch
@@ -44,6 +46,14 @@ def rms_norm_into(
     out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> None:
     """rms_norm into `out` (x's shape), every tensor contiguous float32 already."""
+    run, args = rms_norm_call(out, x, weight, eps, residual)
+    run(*args)
+
+
+def rms_norm_call(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[Callable[..., None], tuple]:
+    """rms_norm_into's checked C call (function, arguments)."""
     if not (
         x.is_cpu and x.dtype is F32 and x.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
         and weight.is_cpu and weight.dtype is F32 and weight.is_contiguous()
@@ -60,7 +70,7 @@ def rms_norm_into(
     ):
         raise mismatch("the norm's tensors do not fit together", x=x, weight=weight, out=out, residual=residual)
     added = 0 if residual is None else residual.data_ptr()
-    KERNEL.rms_norm(out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), numel // ws[0], ws[0], eps)
+    return KERNEL.rms_norm, (out.data_ptr(), x.data_ptr(), added, weight.data_ptr(), numel // ws[0], ws[0], eps)
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
@@ -74,6 +84,12 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 def swiglu_into(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     """swiglu into `out` ([..., F]), both contiguous float32 already."""
+    run, args = swiglu_call(out, gate_up)
+    run(*args)
+
+
+def swiglu_call(out: torch.Tensor, gate_up: torch.Tensor) -> tuple[Callable[..., None], tuple]:
+    """swiglu_into's checked C call (function, arguments)."""
     if not (
         gate_up.is_cpu and gate_up.dtype is F32 and gate_up.is_contiguous()
         and out.is_cpu and out.dtype is F32 and out.is_contiguous()
@@ -82,4 +98,4 @@ def swiglu_into(out: torch.Tensor, gate_up: torch.Tensor) -> None:
     gs, os_, numel = gate_up.size(), out.size(), out.numel()
     if not os_ or not gs or gs[-1] != 2 * os_[-1] or 2 * numel != gate_up.numel():
         raise mismatch("the SwiGLU's tensors do not fit together", gate_up=gate_up, out=out)
-    KERNEL.swiglu(out.data_ptr(), gate_up.data_ptr(), numel // os_[-1], os_[-1])
+    return KERNEL.swiglu, (out.data_ptr(), gate_up.data_ptr(), numel // os_[-1], os_[-1])

@@ -17,7 +17,8 @@ microsecond per call, some ten calls per layer and step, and the model registers
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +81,18 @@ def transposed_product(
         torch.matmul(rows, weight_t, out=out)
     if bias is not None:
         out.add_(bias)
+
+
+def bound_transposed_product(
+    weight_t: torch.Tensor, on_kernel: bool, bias: torch.Tensor | None, rows: torch.Tensor, out: torch.Tensor
+) -> list[Callable[[], None]]:
+    """transposed_product of these very tensors as calls with nothing left to decide or check (the decode plan's,
+    whose buffers keep their rows): the same choice of product, so the same bits."""
+    if on_kernel and rows.shape[0] <= TRANSPOSED_KERNEL_ROWS:
+        calls = [kernels.bind(kernels.transposed_matmul_call, out, rows, weight_t)]
+    else:
+        calls = [partial(torch.matmul, rows, weight_t, out=out)]
+    return calls if bias is None else [*calls, partial(out.add_, bias)]
 
 
 class TransposedLinear(nn.Module):
