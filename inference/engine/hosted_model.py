@@ -25,9 +25,8 @@ from inference.engine.contract.markup import THINK_CLOSE, THINK_OPEN
 from inference.engine.contract.reasons import Reason
 from inference.engine.execution.step_threads import StepThreads
 from inference.engine.grammar import GrammarCompiler, GrammarError
-from inference.engine.kv.kv_budget import free_memory
 from inference.engine.kv.session_blob import SessionSnapshot
-from inference.engine.kv.session_calls import SessionCall, answer
+from inference.engine.kv_budget import free_memory
 from inference.engine.load_plan import new_scheduler, plan_load
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import load_model
@@ -35,6 +34,7 @@ from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.session_calls import SessionCall, answer
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tool_prompt import choose_dialect, with_decoded_arguments, with_tools_as_text

@@ -13,7 +13,8 @@ from pathlib import Path
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import ServingLimits
 from inference.engine.errors import LoadError
-from inference.engine.kv.kv_budget import (
+from inference.engine.kv.sessions import SessionTable
+from inference.engine.kv_budget import (
     MIN_WINDOW,
     configured_window,
     effective_window,
@@ -24,7 +25,6 @@ from inference.engine.kv.kv_budget import (
     read_config,
     weight_bytes_estimate,
 )
-from inference.engine.kv.sessions import SessionTable
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import automatic_kv_dtype
 from inference.engine.scheduler import Scheduler

@@ -30,8 +30,8 @@ from inference.engine.contract.reasons import Reason
 from inference.engine.contract.weights import WeightsCode
 from inference.engine.execution.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
-from inference.engine.kv.session_calls import read_restore
 from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.session_calls import read_restore
 from inference.engine.step_wire import wire_messages
 from inference.engine.worker_models import ModelLoading, PendingLoad
 

@@ -5,7 +5,7 @@ import pytest
 
 from inference.engine.contract.checkpoint import NotACheckpoint, inspect_checkpoint
 from inference.engine.errors import LoadError
-from inference.engine.kv.kv_budget import read_config
+from inference.engine.kv_budget import read_config
 from inference.engine.loaders.loading import load_model
 
 

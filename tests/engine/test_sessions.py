@@ -9,10 +9,10 @@ import pytest
 from inference.engine.contract import messages as p
 from inference.engine.contract.reasons import Reason
 from inference.engine.hosted_model import HostedModel
-from inference.engine.kv.session_calls import answer
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.loaders.loading import load_model
 from inference.engine.scheduler import Scheduler
+from inference.engine.session_calls import answer
 from inference.engine.step_results import Ended
 from tests.engine.test_scheduler import finished, run, sequence, tokens_of
 

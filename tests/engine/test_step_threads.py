@@ -8,7 +8,7 @@ import torch
 
 from inference.engine.execution.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.kernels import matmul as matmul_kernel
-from inference.engine.kv.kv_budget import read_config
+from inference.engine.kv_budget import read_config
 from inference.engine.loaders.loading import torch_matmuls
 from inference.engine.model.transformer import cpu_linears
 from inference.engine.quant import block_quant

@@ -12,7 +12,7 @@ from inference.engine import worker as worker_module
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import GenerationOptions, ServingLimits
 from inference.engine.hosted_model import HostedModel, RequestRefused
-from inference.engine.kv.kv_budget import (
+from inference.engine.kv_budget import (
     PREFIX_CACHE_CAP,
     PREFIX_CACHE_SHARE,
     configured_window,

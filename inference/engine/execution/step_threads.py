@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from inference.engine import kernels
-from inference.engine.kv.kv_budget import parameter_count
+from inference.engine.kv_budget import parameter_count
 from inference.engine.model.config import ModelConfig
 
 SMALL_MODEL_PARAMETERS = 16 * 2**20
