@@ -1,16 +1,17 @@
 """The suite's one greedy reference: what a model generates when nothing but its runner decodes, one prompt on one
 slot, one token at a time. Tests hold the scheduler, the worker, the HTTP routes and the other load paths (int8,
-16-bit KV, attachable weights, quantized GGUF) to it."""
+16-bit KV, attachable weights, quantized GGUF) to it; and, for the tests of batched execution (compiled,
+planned), the same greedy decode of several prompts together (`greedy_batch`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from collections.abc import Collection
-
-    import torch
 
     from inference.engine.execution.runner import ModelRunner
 
@@ -43,3 +44,21 @@ def greedy(
             result.steps.append(logits)
     finally:
         runner.free_slot(slot)
+
+
+def greedy_batch(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], torch.Tensor]:
+    """The prompts' greedy continuations decoded together (prefilled as one batch, then `steps` decode steps), and
+    every decode step's logits [steps, B, V]. The slots are freed afterwards."""
+    slots = [runner.allocate_slot() for _ in prompts]
+    try:
+        tokens = runner.prefill_batch(slots, prompts).argmax(-1).tolist()
+        out, logits = [[token] for token in tokens], []
+        for _ in range(steps):
+            logits.append(runner.decode(slots, tokens))
+            tokens = logits[-1].argmax(-1).tolist()
+            for row, token in zip(out, tokens, strict=True):
+                row.append(token)
+        return out, torch.stack(logits)
+    finally:
+        for slot in slots:
+            runner.free_slot(slot)

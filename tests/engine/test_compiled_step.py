@@ -22,6 +22,7 @@ from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import load_model
 from inference.engine.model.transformer import FloatLinear
 from tests.engine.kernel_marks import needs_float_kernel
+from tests.greedy import greedy_batch
 
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
 STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)
@@ -34,18 +35,7 @@ def greedy(model: LoadedModel, prompts: list[str], steps: int = STEPS) -> list[l
 
 def decode_greedily(model: LoadedModel, prompts: list[str], steps: int) -> tuple[list[list[int]], torch.Tensor]:
     """The greedy continuations and every decode step's logits [steps, B, V]."""
-    runner = model.runner
-    slots = [runner.allocate_slot() for _ in prompts]
-    tokens = runner.prefill_batch(slots, [model.tokenizer.encode(text) for text in prompts]).argmax(-1).tolist()
-    out, logits = [[token] for token in tokens], []
-    for _ in range(steps):
-        logits.append(runner.decode(slots, tokens))
-        tokens = logits[-1].argmax(-1).tolist()
-        for row, token in zip(out, tokens, strict=True):
-            row.append(token)
-    for slot in slots:
-        runner.free_slot(slot)
-    return out, torch.stack(logits)
+    return greedy_batch(model.runner, [model.tokenizer.encode(text) for text in prompts], steps)
 
 
 def assert_same_decode(compiled: LoadedModel, eager: LoadedModel, prompts: list[str], steps: int = STEPS) -> None:

@@ -15,6 +15,7 @@ from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 from tests.engine.test_model_parity import LLAMA3_ROPE, TINY, hf_logits
+from tests.greedy import greedy_batch
 
 PROMPTS = [[5, 17, 200, 3, 99], [250, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
 STEPS = 20  # the shorter row crosses a block boundary (16 positions)
@@ -53,17 +54,7 @@ def write_checkpoint(config: PretrainedConfig, path) -> AutoModelForCausalLM:
 
 def decode(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor]:
     """Both prompts' greedy continuations, decoded together, and every decode step's logits [STEPS, B, V]."""
-    slots = [runner.allocate_slot() for _ in PROMPTS]
-    tokens = runner.prefill_batch(slots, PROMPTS).argmax(-1).tolist()
-    out, logits = [[token] for token in tokens], []
-    for _ in range(STEPS):
-        logits.append(runner.decode(slots, tokens))
-        tokens = logits[-1].argmax(-1).tolist()
-        for row, token in zip(out, tokens, strict=True):
-            row.append(token)
-    for slot in slots:
-        runner.free_slot(slot)
-    return out, torch.stack(logits)
+    return greedy_batch(runner, PROMPTS, STEPS)
 
 
 @pytest.mark.parametrize("name", list(SWITCHES))

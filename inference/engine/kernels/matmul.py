@@ -106,15 +106,7 @@ def float_matmul(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> No
 
 def float_matmul_call(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[Callable[..., None], tuple]:
     """float_matmul's checked C call (function, arguments)."""
-    if not (
-        x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight.is_cpu and weight.dtype is F32
-        and weight.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
-    ):  # fmt: skip
-        explain(F32, x=x, weight=weight, out=out)
-    xs, ws = x.size(), weight.size()
-    if len(xs) != 2 or len(ws) != 2 or ws[1] != xs[1] or out.size() != (xs[0], ws[0]):
-        raise mismatch("the float product's shapes do not fit", x=x, weight=weight, out=out)
-    return KERNEL.float_matmul, (out.data_ptr(), x.data_ptr(), weight.data_ptr(), xs[0], ws[0], xs[1])
+    return KERNEL.float_matmul, _float_product(out, x, weight, transposed=False)
 
 
 def transposed_matmul(out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor) -> None:
@@ -127,12 +119,22 @@ def transposed_matmul_call(
     out: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor
 ) -> tuple[Callable[..., None], tuple]:
     """transposed_matmul's checked C call (function, arguments)."""
+    return KERNEL.transposed_matmul, _float_product(out, x, weight_t, transposed=True)
+
+
+def _float_product(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, transposed: bool) -> tuple:
+    """The arguments both float32 kernels take (out, x, weight, R, N, K), the tensors checked: x [R, K], out [R, N]
+    and the weight [N, K], or [K, N] where it is kept `transposed`."""
     if not (
-        x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight_t.is_cpu and weight_t.dtype is F32
-        and weight_t.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
+        x.is_cpu and x.dtype is F32 and x.is_contiguous() and weight.is_cpu and weight.dtype is F32
+        and weight.is_contiguous() and out.is_cpu and out.dtype is F32 and out.is_contiguous()
     ):  # fmt: skip
-        explain(F32, x=x, weight_t=weight_t, out=out)
-    xs, ws = x.size(), weight_t.size()
-    if len(xs) != 2 or len(ws) != 2 or ws[0] != xs[1] or out.size() != (xs[0], ws[1]):
-        raise mismatch("the transposed product's shapes do not fit", x=x, weight_t=weight_t, out=out)
-    return KERNEL.transposed_matmul, (out.data_ptr(), x.data_ptr(), weight_t.data_ptr(), xs[0], ws[1], xs[1])
+        explain(F32, x=x, weight=weight, out=out)
+    xs, ws = x.size(), weight.size()
+    if len(xs) != 2 or len(ws) != 2:
+        raise mismatch("a float product takes 2-D tensors", x=x, weight=weight, out=out)
+    rows, inner = xs
+    columns, weight_inner = (ws[1], ws[0]) if transposed else ws
+    if weight_inner != inner or out.size() != (rows, columns):
+        raise mismatch("the float product's shapes do not fit", x=x, weight=weight, out=out)
+    return out.data_ptr(), x.data_ptr(), weight.data_ptr(), rows, columns, inner
