@@ -24,6 +24,8 @@ from inference.engine.model.transformer import FloatLinear
 from tests.engine.kernel_marks import needs_float_kernel
 from tests.greedy import greedy_batch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # compiled steps run with the threads their graphs were made for
+
 PROMPTS = ["Once upon a time", "The little dog saw a big", "Lily and Tom went to the park. They"]
 STEPS = 32  # from prompts of 5-11 tokens: across the first and second block boundaries (16 positions each)
 
@@ -46,15 +48,6 @@ def assert_same_decode(compiled: LoadedModel, eager: LoadedModel, prompts: list[
     assert torch.allclose(compiled_logits, eager_logits, atol=1e-4, rtol=0), (
         (compiled_logits - eager_logits).abs().max()
     )
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Steps run with the threads the graphs were compiled for (the worker steps a small model with one)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 from inference.engine import kernels
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
-from tests.engine.test_model_parity import LLAMA3_ROPE, TINY, hf_logits
+from tests.engine.test_model_parity import LLAMA3_ROPE, TINY, hf_logits, write_checkpoint
 from tests.greedy import greedy_batch
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # compiled steps run with the threads their graphs were made for
 
 PROMPTS = [[5, 17, 200, 3, 99], [250, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
 STEPS = 20  # the shorter row crosses a block boundary (16 positions)
@@ -26,30 +28,6 @@ SWITCHES = {
     ),
     "qk-norm": lambda: Qwen3Config(**{**TINY, "rms_norm_eps": 0.1}, tie_word_embeddings=False),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Compiled steps run with the threads their graphs were made for."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def write_checkpoint(config: PretrainedConfig, path) -> AutoModelForCausalLM:
-    """A random model written to `path`, its norms and biases random too (so a norm or bias an execution misses
-    changes its tokens)."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if "norm" in param_name:
-                param.uniform_(0.5, 1.5)
-            elif param_name.endswith("bias"):
-                param.normal_(0.0, 0.5)
-    model.save_pretrained(path)
-    return model
 
 
 def decode(runner: ModelRunner) -> tuple[list[list[int]], torch.Tensor]:

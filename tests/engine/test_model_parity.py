@@ -58,9 +58,15 @@ NEW_TOKENS = 32
 
 
 def make_checkpoint(name: str, tied: bool, path) -> AutoModelForCausalLM:
-    """A random model written to `path`; norms and biases are randomized too, so a missed one shows."""
+    """A random model of CONFIGS[name] written to `path` (write_checkpoint)."""
+    return write_checkpoint(CONFIGS[name](tied), path)
+
+
+def write_checkpoint(config, path) -> AutoModelForCausalLM:
+    """A random model of `config` written to `path`; norms and biases are randomized too, so an execution that
+    misses one changes its tokens."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(CONFIGS[name](tied), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if "norm" in param_name:
