@@ -1,7 +1,8 @@
 """Bearer-token checks for routes: operator routes always, /v1 only when PANTHEON_REQUIRE_CLIENT_TOKENS is set.
 
 A missing, malformed, unknown, revoked or expired token is 401 Unauthorized (WWW-Authenticate: Bearer); a valid
-token of a role the route does not admit is 403 Forbidden. Every refusal raised here is audited before it is raised,
+token over its rate limit (pantheon_site/rate_limit.py) is 429 RateLimited with Retry-After; a valid token of a role
+the route does not admit is 403 Forbidden. Every refusal raised here is audited before it is raised,
 so a route that lets it propagate has written its one audit event. `operator_route` goes further: it runs the view as
 one AuditedCall (pantheon_site/audit.py), which audits the accepted call or the error the view raised, so a view
 decorated with it writes no audit code at all.
@@ -16,6 +17,7 @@ from django.conf import settings
 from pantheon_site.audit import AuditedCall, aaudit_request, audit_request, request_actor
 from pantheon_site.errors import Forbidden, PantheonError, Unauthorized
 from pantheon_site.models import AccessToken, Role
+from pantheon_site.rate_limit import check_rate
 from pantheon_site.tokens import aauthenticate_token, authenticate_token
 
 CLIENT_ROLES = (Role.CLIENT, Role.TRAINER, Role.OPERATOR)
@@ -34,7 +36,9 @@ def bearer_secret(request) -> str:
     return secret.strip()
 
 
-def _check_role(token: AccessToken, roles: tuple[str, ...]) -> None:
+def _admit(token: AccessToken, roles: tuple[str, ...]) -> None:
+    """The token's call counts against its rate limit (refused ones too), then its role must be one of `roles`."""
+    check_rate(token.digest)
     if token.role not in roles:
         raise Forbidden(f"a {token.role} token may not call this route", reason=f"role_{token.role}")
 
@@ -44,7 +48,7 @@ def require_role(request, *roles: str, operation: str) -> AccessToken:
     token = None
     try:
         token = authenticate_token(bearer_secret(request))
-        _check_role(token, roles)
+        _admit(token, roles)
     except PantheonError as error:
         audit_request(request, operation, token=token, error=error)
         raise
@@ -55,12 +59,13 @@ async def arequire_role(
     request, *roles: str, operation: str, as_error: ErrorMap | None = None, started: float | None = None
 ) -> AccessToken:
     """require_role for async views. `as_error` turns the refusal (Unauthorized, Forbidden) into the error of the
-    route's family before it is audited and raised (the weights routes' WEIGHTS_UNAUTHORIZED, WEIGHTS_FORBIDDEN);
+    route's family before it is audited and raised (the weights routes' WEIGHTS_UNAUTHORIZED, WEIGHTS_FORBIDDEN,
+    RATE_LIMITED);
     `started` (time.monotonic()) times the refused event."""
     token = None
     try:
         token = await aauthenticate_token(bearer_secret(request))
-        _check_role(token, roles)
+        _admit(token, roles)
     except PantheonError as error:
         refusal = as_error(error) if as_error is not None else error
         await aaudit_request(request, operation, token=token, error=refusal, started=started)

@@ -1,8 +1,15 @@
-"""CORS for every route, as an ASGI wrapper around the whole application (Django views and Channels consumers alike).
+"""CORS for the API, as an ASGI wrapper around the whole application (Django views and Channels consumers alike); never
+for the operator UI.
 
 The spec: every response carries `Access-Control-Allow-Origin: *`, and OPTIONS on any path is the CORS preflight,
-always 200 with a `{}` body. Answering preflights here keeps them out of routing, auth and audit.
+always 200 with a `{}` body. Answering preflights here keeps them out of routing, auth and audit. The API can allow
+any origin because it authenticates with bearer tokens, which a browser never attaches on its own. The UI under /ui/
+authenticates with a session cookie, which a browser does attach: there no header is added and no preflight is
+answered (the request goes on to Django like any other), so a page of another origin can neither read a UI page nor
+be told that it may send to one.
 """
+
+from pantheon_site.errors import UI_PREFIX
 
 ALLOW_ORIGIN = (b"access-control-allow-origin", b"*")
 PREFLIGHT_HEADERS = [
@@ -16,13 +23,14 @@ PREFLIGHT_HEADERS = [
 
 
 class CorsMiddleware:
-    """Wraps an ASGI app: answers OPTIONS itself and adds Access-Control-Allow-Origin to every other response."""
+    """Wraps an ASGI app: outside /ui/, answers OPTIONS itself and adds Access-Control-Allow-Origin to every other
+    response."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"].startswith(UI_PREFIX):
             return await self.app(scope, receive, send)
         if scope["method"] == "OPTIONS":
             await send({"type": "http.response.start", "status": 200, "headers": PREFLIGHT_HEADERS})

@@ -110,6 +110,14 @@ class ServerBusy(_RetryableError):
     status, type, default_message = 429, "server_busy", "the model is busy; retry shortly"
 
 
+class RateLimited(_RetryableError):
+    """429: the token has made PANTHEON_RATE_LIMIT_PER_MINUTE calls in the last minute (pantheon_site/rate_limit.py);
+    Retry-After says when its next call is admitted."""
+
+    status, type, code = 429, "rate_limited", "rate_limit_exceeded"  # OpenAI's code for its own rate limits
+    default_message = "this token's rate limit is reached; retry after Retry-After"
+
+
 class ModelAtSessionCapacity(_RetryableError):
     """429: a new session id while every session slot holds a live session."""
 

@@ -7,7 +7,8 @@ from pantheon_site.errors import NotFound
 
 
 def only(method: str):
-    """Decorator for an async view that answers `method` only."""
+    """Decorator for an async view that answers `method` only; the view says so in `http_methods`, which the route
+    table's tests read (tests/test_route_guards.py: a state-changing route needs a token)."""
 
     def decorate(view):
         @functools.wraps(view)
@@ -16,6 +17,7 @@ def only(method: str):
                 raise NotFound()
             return await view(request, *args, **kwargs)
 
+        wrapper.http_methods = frozenset({method})
         return wrapper
 
     return decorate

@@ -291,3 +291,10 @@ PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_
 # How many /v1/responses responses the control plane keeps in memory for previous_response_id and GET (the most
 # recently stored or used).
 PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
+
+# --- security: rate limit per token ---------------------------------------------------------------------------------
+
+# Calls per minute one access token may make (every route that takes a token: /v1 with client tokens, /admin,
+# /session, /api/weights); over it, 429 rate_limited with Retry-After. 0 (default): no limit, as vLLM, llama.cpp's
+# server and Ollama have none; counted in each serve process's memory (pantheon_site/rate_limit.py).
+PANTHEON_RATE_LIMIT_PER_MINUTE = _env_int("PANTHEON_RATE_LIMIT_PER_MINUTE", 0)

@@ -16,6 +16,7 @@ from weights.times import with_iso_times
 STATUS: dict[WeightsCode, int] = {
     WeightsCode.WEIGHTS_UNAUTHORIZED: 401,
     WeightsCode.WEIGHTS_FORBIDDEN: 403,
+    WeightsCode.RATE_LIMITED: 429,
     WeightsCode.NOT_ATTACHMENT_HOLDER: 403,
     WeightsCode.NOT_ATTACHED: 409,
     WeightsCode.ALREADY_ATTACHED: 409,
@@ -45,12 +46,18 @@ STATUS: dict[WeightsCode, int] = {
 
 
 def weights_error(
-    code: WeightsCode, message: str, *, reason: str | None = None, details: dict | None = None
+    code: WeightsCode,
+    message: str,
+    *,
+    reason: str | None = None,
+    details: dict | None = None,
+    headers: dict[str, str] | None = None,
 ) -> ManagementError:
-    """The management-envelope error for `code`; 401 carries WWW-Authenticate, 503 a Retry-After. A `code` that is
-    not a WeightsCode is a ValueError: a new code needs its status here first."""
+    """The management-envelope error for `code`; 401 carries WWW-Authenticate, 503 a Retry-After, and `headers` go
+    on as given (a rate limit's Retry-After). A `code` that is not a WeightsCode is a ValueError: a new code needs its
+    status here first."""
     code = WeightsCode(code)
-    headers = {}
+    headers = dict(headers or {})
     if code is WeightsCode.WEIGHTS_UNAUTHORIZED:
         headers["WWW-Authenticate"] = "Bearer"
     status = STATUS[code]

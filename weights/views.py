@@ -21,7 +21,7 @@ from inference.engine.contract.weights import WeightsCode, WeightsOperation
 from inference.runtime.router import get_router
 from pantheon_site.audit import AuditedCall, request_actor
 from pantheon_site.auth import arequire_role
-from pantheon_site.errors import Forbidden, ManagementError, NoModelsLoaded, PantheonError
+from pantheon_site.errors import Forbidden, ManagementError, NoModelsLoaded, PantheonError, RateLimited
 from pantheon_site.methods import only
 from pantheon_site.models import Role
 from weights import services
@@ -58,6 +58,8 @@ def _token_refusal(error: PantheonError) -> ManagementError:
     """The shared token check's refusal in the weights envelope (pantheon_site/auth.py arequire_role)."""
     if isinstance(error, Forbidden):
         return weights_error(WeightsCode.WEIGHTS_FORBIDDEN, error.message, reason=error.reason)
+    if isinstance(error, RateLimited):
+        return weights_error(WeightsCode.RATE_LIMITED, error.message, reason=error.reason, headers=error.headers)
     message = "a valid trainer or operator token is required"
     return weights_error(WeightsCode.WEIGHTS_UNAUTHORIZED, message, reason=error.reason)
 
