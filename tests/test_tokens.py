@@ -11,11 +11,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.management import call_command
 from django.db import close_old_connections, connection
+from django.test import override_settings
 from django.utils import timezone
 
 from pantheon_site import tokens
 from pantheon_site.errors import InvalidRequest, NotFound, Unauthorized
-from pantheon_site.models import AccessToken
+from pantheon_site.models import AccessToken, AuditEvent
 from pantheon_site.tokens import aauthenticate_token, authenticate_token, do_create_token, do_revoke_token
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +46,39 @@ def test_only_an_hmac_of_the_secret_is_stored():
     expected = hmac.new(settings.PANTHEON_TOKEN_HMAC_KEY.encode(), secret.encode(), hashlib.sha256).hexdigest()
     assert AccessToken.objects.get(label="ops").digest == expected
     assert token.prefix == secret[: tokens.PREFIX_LENGTH]
+
+
+def test_the_digest_is_keyed_so_another_hmac_key_invalidates_every_token():
+    _, secret = do_create_token("operator", "ops")
+    assert authenticate_token(secret).label == "ops"
+    with override_settings(PANTHEON_TOKEN_HMAC_KEY="another key"):
+        assert tokens.token_digest(secret) != AccessToken.objects.get(label="ops").digest
+        with pytest.raises(Unauthorized) as refused:
+            authenticate_token(secret)
+        assert refused.value.reason == "token_unknown"
+    assert authenticate_token(secret).label == "ops"  # the key it was made with still finds it
+
+
+def _whole_database_text() -> str:
+    """Every row of every table, read back with raw SQL (a stolen backup)."""
+    with connection.cursor() as cursor:
+        dump = []
+        for table in connection.introspection.table_names():
+            cursor.execute(f'SELECT * FROM "{table}"')
+            dump.append(repr(cursor.fetchall()))
+    return "\n".join(dump)
+
+
+@pytest.mark.parametrize("role", ["operator", "client"])
+def test_the_secret_is_stored_nowhere_in_the_database_after_it_is_used(client, role):
+    _, secret = do_create_token(role, "user")
+    headers = {"Authorization": f"Bearer {secret}", "X-Request-Id": "r-1"}
+    client.get("/admin/models", headers=headers)  # accepted or refused by role: audited either way
+    client.post("/api/weights/attach", data="{}", content_type="application/json", headers=headers)
+    client.post("/admin/models/load", data="{}", content_type="application/json", headers=headers)
+    assert AuditEvent.objects.filter(actor_label="user").count() == 3
+    stored = _whole_database_text()
+    assert secret not in stored and secret[tokens.PREFIX_LENGTH :] not in stored
 
 
 def test_secrets_are_random_and_labels_unique():
