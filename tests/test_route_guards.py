@@ -3,9 +3,10 @@ token), found by walking the URL configuration rather than listed by hand: a rou
 
 A route is state-changing for every method other than GET, HEAD and OPTIONS that it accepts: the methods its
 `pantheon_site.methods.only` declares (`http_methods`), or every one for a view that declares none. Each is called on
-a running server with a model loaded, with no token and with a token of every role the route's family does not admit,
-and must be refused (401, 403; the UI's sign-in page or its CSRF refusal) in the route's envelope, while the database
-and the served models stay as they were and every audit event written is a refusal.
+a running server with a model loaded, with no token, with a local `manage.py` credential that is not the server's,
+and with a token of every role the route's family does not admit, and must be refused (401, 403; the UI's sign-in
+page or its CSRF refusal) in the route's envelope, while the database and the served models stay as they were and
+every audit event written is a refusal.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from pantheon_site.auth import CLIENT_ROLES
+from pantheon_site.local_credential import new_admin_secret
 from pantheon_site.models import AuditChainHead, AuditEvent, Role
 from pantheon_site.tokens import do_create_token
 from tests.inference.conftest import serving_db, start_server  # noqa: F401  (the fixtures)
@@ -179,6 +181,8 @@ def test_every_state_changing_api_route_refuses_a_missing_or_wrong_role_token(
                     continue
                 probed += 1
                 assert_refused(response, 401, f"{method} {path} without a token")
+                forged = http.request(method, path, json={}, headers=bearer(new_admin_secret()))
+                assert_refused(forged, 401, f"{method} {path} with a local credential of no running server")
                 for role in set(ROLES) - set(admitted_roles(path)):
                     wrong = http.request(method, path, json={}, headers=bearer(tokens[role]))
                     assert_refused(wrong, 403, f"{method} {path} with a {role} token")
