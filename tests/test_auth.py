@@ -146,6 +146,13 @@ async def test_client_tokens_are_not_checked_by_default(rf):
     assert await arequire_client_token(rf.post("/v1/chat/completions"), operation="chat_completions") is None
 
 
+@override_settings(PANTHEON_RATE_LIMIT_PER_MINUTE=1)
+async def test_a_rate_limit_leaves_open_v1_free_of_database_work_and_limits(rf):
+    # No database fixture again: the limit counts tokens, in memory, so /v1 without them is neither slowed nor limited.
+    for _ in range(3):
+        assert await arequire_client_token(rf.post("/v1/chat/completions"), operation="chat_completions") is None
+
+
 @override_settings(PANTHEON_REQUIRE_CLIENT_TOKENS=True)
 async def test_client_tokens_when_required(rf, secrets_by_role, thread_connections_closed):
     with pytest.raises(Unauthorized):
