@@ -75,7 +75,7 @@ def test_weights_routes_answer_429_in_the_management_envelope(server):
     trainer = secret("trainer", "trainer-1")
     with httpx.Client(base_url=server.url, timeout=30) as http:
         answered = [http.post("/api/weights/heartbeat", headers=bearer(trainer)) for _ in range(PER_MINUTE + 1)]
-    assert [r.status_code for r in answered[:PER_MINUTE]] != [429] * PER_MINUTE  # refused for what they are
+    assert 429 not in [r.status_code for r in answered[:PER_MINUTE]]  # answered for what they are (nothing attached)
     assert_limited(answered[-1])
     body = answered[-1].json()
     assert body["success"] is False and body["error"]["code"] == "RATE_LIMITED"
