@@ -1,0 +1,64 @@
+"""How both sides log: one line format (plain text or JSON), and the HTTP request id on every line.
+
+The control plane sets `request_id_var` for the life of each HTTP request (pantheon_site/request_ids.py), so any
+logger called in that request's task or a thread it hands work to (asgiref copies the context) carries the id without
+being told. A worker serves many requests in one loop, so its lines about a sequence pass the id explicitly
+(`extra={"request_id": ...}`, from `Submit.http_request_id`; engine/sequence_log.py). `RequestIdFilter` fills the
+record's `request_id` from the context only when the call did not. Django-free and torch-free: settings.LOGGING names
+these, and the worker process configures its logging with `configure_worker_logging`.
+
+JSON lines are python-json-logger's formatter: one object per line with `time`, `level`, `logger`, `message`,
+`request_id`, and whatever `extra` fields a call adds.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+
+LOG_FORMATS = ("plain", "json")
+NO_REQUEST = "-"  # the request id of a line logged outside any request
+
+request_id_var: ContextVar[str | None] = ContextVar("pantheon_request_id", default=None)
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s"
+JSON_RENAMED = {"asctime": "time", "levelname": "level", "name": "logger"}
+
+
+class RequestIdFilter(logging.Filter):
+    """Gives every record a `request_id`: the one its call passed, else the current request's, else "-"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None:
+            record.request_id = request_id_var.get() or NO_REQUEST
+        return True
+
+
+def formatter_config(log_format: str) -> dict:
+    """The `formatters` entry of a logging dictConfig for `log_format` ("plain" or "json")."""
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"the log format must be one of {LOG_FORMATS}, not {log_format!r}")
+    if log_format == "json":
+        return {"()": "pythonjsonlogger.json.JsonFormatter", "fmt": JSON_FIELDS, "rename_fields": JSON_RENAMED}
+    return {"format": PLAIN_FORMAT}
+
+
+def logging_config(log_format: str, level: str) -> dict:
+    """A dictConfig: one stream (stderr) in `log_format`, every record carrying its request id."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": RequestIdFilter}},
+        "formatters": {"line": formatter_config(log_format)},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line", "filters": ["request_id"]}},
+        "root": {"handlers": ["console"], "level": level},
+    }
+
+
+def configure_worker_logging(log_format: str, level: str) -> None:
+    """A worker process's logging: the control plane's format and level (the supervisor passes them), on the
+    stderr that `serve` shares, so `serve`'s output is one stream of one format."""
+    import logging.config
+
+    logging.config.dictConfig(logging_config(log_format, level))
