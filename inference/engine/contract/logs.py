@@ -8,13 +8,16 @@ record's `request_id` from the context only when the call did not. Django-free a
 these, and the worker process configures its logging with `configure_worker_logging`.
 
 JSON lines are python-json-logger's formatter: one object per line with `time`, `level`, `logger`, `message`,
-`request_id`, and whatever `extra` fields a call adds.
+`request_id`, and whatever `extra` fields a call adds, except Django's `request` (an object, whose text would be the
+full path with its query string).
 """
 
 from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
+
+from pythonjsonlogger.core import RESERVED_ATTRS
 
 LOG_FORMATS = ("plain", "json")
 NO_REQUEST = "-"  # the request id of a line logged outside any request
@@ -24,6 +27,7 @@ request_id_var: ContextVar[str | None] = ContextVar("pantheon_request_id", defau
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s"
 JSON_RENAMED = {"asctime": "time", "levelname": "level", "name": "logger"}
+JSON_LEFT_OUT = [*RESERVED_ATTRS, "request"]
 
 
 class RequestIdFilter(logging.Filter):
@@ -40,7 +44,12 @@ def formatter_config(log_format: str) -> dict:
     if log_format not in LOG_FORMATS:
         raise ValueError(f"the log format must be one of {LOG_FORMATS}, not {log_format!r}")
     if log_format == "json":
-        return {"()": "pythonjsonlogger.json.JsonFormatter", "fmt": JSON_FIELDS, "rename_fields": JSON_RENAMED}
+        return {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": JSON_FIELDS,
+            "rename_fields": JSON_RENAMED,
+            "reserved_attrs": JSON_LEFT_OUT,
+        }
     return {"format": PLAIN_FORMAT}
 
 
