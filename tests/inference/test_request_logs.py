@@ -76,6 +76,8 @@ def full_run(start_server, model_dir, **env: str) -> Run:
         assert send("rid-heartbeat", "POST", "/api/weights/heartbeat", headers=holder).status_code == 200
         assert send("rid-detach", "POST", "/api/weights/detach", headers=holder).status_code == 200
         send("rid-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
+        assert send("rid-on-demand", "POST", "/v1/chat/completions", json=chat).status_code == 200  # catalogued
+        send("rid-last-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
     audit = list(AuditEvent.objects.order_by("id"))
     server.stop()
     return Run(responses, server.log(), audit, operator, trainer, attachment_id)
@@ -96,6 +98,7 @@ def test_every_response_carries_the_clients_request_id(run):
     assert statuses == {
         "rid-load": 200, "rid-chat": 200, "rid-stream": 200, "rid-404": 404, "rid-413": 413, "rid-preflight": 200,
         "bad id with spaces": 200, "rid-attach": 200, "rid-heartbeat": 200, "rid-detach": 200, "rid-unload": 200,
+        "rid-on-demand": 200, "rid-last-unload": 200,
     }  # fmt: skip
     for request_id, response in run.responses.items():
         if request_id != "bad id with spaces":
@@ -125,10 +128,11 @@ def test_the_workers_lines_about_a_sequence_carry_its_request_id(run, request_id
 
 
 def test_audit_events_record_the_request_id(run):
-    by_id = {event.request_id: event.operation for event in run.audit}
-    assert by_id["rid-load"] == "model_load"
-    assert by_id["rid-attach"] == "weights_attach" and by_id["rid-detach"] == "weights_detach"
-    assert by_id["rid-unload"] == "model_unload"
+    by_id = {event.request_id: (event.operation, event.actor_label) for event in run.audit}
+    assert by_id["rid-load"] == ("model_load", "ops") and by_id["rid-unload"] == ("model_unload", "ops")
+    assert by_id["rid-attach"] == ("weights_attach", "trainer") and by_id["rid-detach"] == ("weights_detach", "trainer")
+    # the load a /v1 request started is the system's own, and still that request's
+    assert by_id["rid-on-demand"] == ("model_load", "on_demand")
 
 
 def test_no_token_prompt_or_attachment_id_is_logged(run):
