@@ -1,6 +1,6 @@
 """Request ids and logs, on a real server (`manage.py serve` with a worker process) logging JSON: a client's
-X-Request-ID comes back on every response (a chat, a stream, a 404, a 413 refused before Django, a preflight, an
-operator call, a trainer's weights calls), every log line of the request carries it (the control plane's and the
+X-Request-ID comes back on every response (a chat, a stream, a 404, a 413 refused before Django, a preflight, the
+UI and its static files, an operator call, a trainer's weights calls), every log line of the request carries it (the control plane's and the
 worker's lines about its sequence), its audit event records it; and the complete log of the run holds no token
 secret, no prompt text and no attachment id, unless the debug setting PANTHEON_LOG_SENSITIVE says so."""
 
@@ -69,6 +69,8 @@ def full_run(start_server, model_dir, **env: str) -> Run:
         send("rid-413", "POST", "/v1/chat/completions", content=b"x" * (BODY_LIMIT + 1),
              headers={"Content-Type": "application/json"})  # fmt: skip
         send("rid-preflight", "OPTIONS", "/v1/chat/completions")
+        send("rid-ui", "GET", "/ui/")
+        send("rid-static", "GET", "/ui/static/admin_ui/ui.css")
         send("bad id with spaces", "GET", "/v1/models")
         attach = send("rid-attach", "POST", "/api/weights/attach", headers=bearer(trainer))
         attachment_id = attach.json()["data"]["attachment_id"]
@@ -97,6 +99,7 @@ def test_every_response_carries_the_clients_request_id(run):
     statuses = {request_id: response.status_code for request_id, response in run.responses.items()}
     assert statuses == {
         "rid-load": 200, "rid-chat": 200, "rid-stream": 200, "rid-404": 404, "rid-413": 413, "rid-preflight": 200,
+        "rid-ui": 302, "rid-static": 200,
         "bad id with spaces": 200, "rid-attach": 200, "rid-heartbeat": 200, "rid-detach": 200, "rid-unload": 200,
         "rid-on-demand": 200, "rid-last-unload": 200,
     }  # fmt: skip
