@@ -1,8 +1,9 @@
 """Request ids and logs, on a real server (`manage.py serve` with a worker process) logging JSON: a client's
 X-Request-ID comes back on every response (a chat, a stream, a 404, a 413 refused before Django, a preflight, the
-UI and its static files, an operator call, a trainer's weights calls), every log line of the request carries it (the control plane's and the
-worker's lines about its sequence), its audit event records it; and the complete log of the run holds no token
-secret, no prompt text and no attachment id, unless the debug setting PANTHEON_LOG_SENSITIVE says so."""
+UI and its static files, an operator call, a trainer's weights calls), every log line of the request carries it
+(the control plane's and the worker's lines about its sequence), its audit event records it; and the complete log
+of the run holds no token secret, no prompt text and no attachment id, unless the debug setting
+PANTHEON_LOG_SENSITIVE says so."""
 
 from __future__ import annotations
 
