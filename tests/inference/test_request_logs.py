@@ -35,6 +35,7 @@ class Run:
     operator_token: str
     trainer_token: str
     attachment_id: str
+    local_credential: str  # the secret `manage.py` commands present to the running server
 
     def lines_of(self, request_id: str) -> list[dict]:
         """The log lines that mention `request_id`, each decoded (a line that is not JSON fails the test)."""
@@ -62,6 +63,7 @@ def full_run(start_server, model_dir, **env: str) -> Run:
                     json={"path": str(model_dir), "name": "stories"})  # fmt: skip
         assert load.status_code == 200, load.text
         assert send("rid-chat", "POST", "/v1/chat/completions", json=chat).status_code == 200
+        assert server.manage("sessions").returncode == 0  # a command calls the server with the local credential
         with http.stream("POST", "/v1/chat/completions", headers={"X-Request-ID": "rid-stream"},
                          json={**chat, "stream": True}) as stream:  # fmt: skip
             assert sse_events(stream)[-1] == "[DONE]"
@@ -82,8 +84,9 @@ def full_run(start_server, model_dir, **env: str) -> Run:
         assert send("rid-on-demand", "POST", "/v1/chat/completions", json=chat).status_code == 200  # catalogued
         send("rid-last-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
     audit = list(AuditEvent.objects.order_by("id"))
+    local_credential = server.run_file()["admin_secret"]
     server.stop()
-    return Run(responses, server.log(), audit, operator, trainer, attachment_id)
+    return Run(responses, server.log(), audit, operator, trainer, attachment_id, local_credential)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +143,7 @@ def test_audit_events_record_the_request_id(run):
 
 
 def test_no_token_prompt_or_attachment_id_is_logged(run):
-    for secret in (run.operator_token, run.trainer_token, PROMPT_TEXT, run.attachment_id):
+    for secret in (run.operator_token, run.trainer_token, run.local_credential, PROMPT_TEXT, run.attachment_id):
         assert secret not in run.log
 
 
@@ -148,5 +151,5 @@ def test_the_debug_setting_logs_the_prompt_and_attachment_id_but_never_a_token(s
     assert PROMPT_TEXT in sensitive_run.log and sensitive_run.attachment_id in sensitive_run.log
     [prompt_line] = [line for line in sensitive_run.lines_of("rid-chat") if PROMPT_TEXT in line["message"]]
     assert prompt_line["logger"] == "pantheon.generation"
-    assert sensitive_run.operator_token not in sensitive_run.log
-    assert sensitive_run.trainer_token not in sensitive_run.log
+    for secret in (sensitive_run.operator_token, sensitive_run.trainer_token, sensitive_run.local_credential):
+        assert secret not in sensitive_run.log
