@@ -8,7 +8,10 @@ PANTHEON_LOG_SENSITIVE says so."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import threading
 from dataclasses import dataclass
 
 import httpx
@@ -16,7 +19,7 @@ import pytest
 
 from pantheon_site.models import AuditEvent
 from pantheon_site.tokens import do_create_token
-from tests.inference.serving import bearer, sse_events
+from tests.inference.serving import bearer, sse_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,6 +83,14 @@ def full_run(start_server, model_dir, **env: str) -> Run:
         holder = {**bearer(trainer), "X-miLLM-Attachment": attachment_id}
         assert send("rid-heartbeat", "POST", "/api/weights/heartbeat", headers=holder).status_code == 200
         assert send("rid-detach", "POST", "/api/weights/detach", headers=holder).status_code == 200
+        kill_the_worker_under(
+            server,
+            http,
+            operator,
+            lambda: send(
+                "rid-500", "POST", "/v1/chat/completions", json={**chat, "max_tokens": 400, "ignore_eos": True}
+            ),
+        )
         send("rid-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
         assert send("rid-on-demand", "POST", "/v1/chat/completions", json=chat).status_code == 200  # catalogued
         send("rid-last-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
@@ -87,6 +98,21 @@ def full_run(start_server, model_dir, **env: str) -> Run:
     local_credential = server.run_file()["admin_secret"]
     server.stop()
     return Run(responses, server.log(), audit, operator, trainer, attachment_id, local_credential)
+
+
+def kill_the_worker_under(server, http: httpx.Client, operator: str, request) -> None:
+    """Sends `request` on a thread, kills the worker once it decodes (its answer: 500), and waits until the restarted
+    worker serves the model again."""
+    [pid] = server.worker_pids()
+    thread = threading.Thread(target=request)
+    thread.start()
+    admin = bearer(operator)
+    wait_for(lambda: http.get("/admin/models", headers=admin).json()["data"][0].get("live", {}).get("running") == 1,
+             timeout=60, interval=0.01)  # fmt: skip
+    os.kill(pid, signal.SIGKILL)
+    thread.join(120)
+    wait_for(lambda: http.get("/v1/models").json()["data"] and http.get("/admin/models", headers=admin).json()
+             ["data"][0]["state"] == "ready", timeout=120, interval=0.2)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +131,7 @@ def test_every_response_carries_the_clients_request_id(run):
         "rid-load": 200, "rid-chat": 200, "rid-stream": 200, "rid-404": 404, "rid-413": 413, "rid-preflight": 200,
         "rid-ui": 302, "rid-static": 200,
         "bad id with spaces": 200, "rid-attach": 200, "rid-heartbeat": 200, "rid-detach": 200, "rid-unload": 200,
-        "rid-on-demand": 200, "rid-last-unload": 200,
+        "rid-500": 500, "rid-on-demand": 200, "rid-last-unload": 200,
     }  # fmt: skip
     for request_id, response in run.responses.items():
         if request_id != "bad id with spaces":
@@ -125,6 +151,8 @@ def test_the_log_lines_of_a_request_are_json_and_carry_its_id(run):
         assert len(access) == 1 and str(run.responses[request_id].status_code) in access[0]["message"], lines
     [django_line, _] = run.lines_of("rid-404")  # Django's own line about the request carries it too
     assert django_line["logger"] == "django.request" and "request" not in django_line
+    # the generation cut short by the worker's death: Django's error line for the 500 is the request's
+    assert ("ERROR", "django.request") in [(line["level"], line["logger"]) for line in run.lines_of("rid-500")]
 
 
 @pytest.mark.parametrize("request_id", ["rid-chat", "rid-stream"])
