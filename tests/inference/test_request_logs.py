@@ -83,14 +83,9 @@ def full_run(start_server, model_dir, **env: str) -> Run:
         holder = {**bearer(trainer), "X-miLLM-Attachment": attachment_id}
         assert send("rid-heartbeat", "POST", "/api/weights/heartbeat", headers=holder).status_code == 200
         assert send("rid-detach", "POST", "/api/weights/detach", headers=holder).status_code == 200
-        kill_the_worker_under(
-            server,
-            http,
-            operator,
-            lambda: send(
-                "rid-500", "POST", "/v1/chat/completions", json={**chat, "max_tokens": 400, "ignore_eos": True}
-            ),
-        )
+        long_chat = {**chat, "max_tokens": 400, "ignore_eos": True}
+        kill_the_worker_under(server, http, operator, lambda: send("rid-500", "POST", "/v1/chat/completions",
+                                                                  json=long_chat))  # fmt: skip
         send("rid-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
         assert send("rid-on-demand", "POST", "/v1/chat/completions", json=chat).status_code == 200  # catalogued
         send("rid-last-unload", "POST", "/admin/models/unload", headers=bearer(operator), json={"name": "stories"})
