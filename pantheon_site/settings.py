@@ -293,3 +293,4 @@ PANTHEON_LOG_LEVEL = _env_str("PANTHEON_LOG_LEVEL", "INFO").upper()
 PANTHEON_LOG_FORMAT = _env_str("PANTHEON_LOG_FORMAT", "plain").lower()
 PANTHEON_LOG_SENSITIVE = _env_bool("PANTHEON_LOG_SENSITIVE", False)
 LOGGING = logging_config(PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL)
+LOGGING_CONFIG = "inference.engine.contract.logs.configure"  # dictConfig, and Python's warnings through it

@@ -4,8 +4,10 @@ The control plane sets `request_id_var` for the life of each HTTP request (panth
 logger called in that request's task or a thread it hands work to (asgiref copies the context) carries the id without
 being told. A worker serves many requests in one loop, so its lines about a sequence pass the id explicitly
 (`extra={"request_id": ...}`, from `Submit.http_request_id`; engine/sequence_log.py). `RequestIdFilter` fills the
-record's `request_id` from the context only when the call did not. Django-free and torch-free: settings.LOGGING names
-these, and the worker process configures its logging with `configure_worker_logging`.
+record's `request_id` from the context only when the call did not. Django-free and torch-free: settings.LOGGING is
+`logging_config(...)` and Django applies it with `configure` (LOGGING_CONFIG), as the worker process does
+(`configure_worker_logging`). Python's warnings (a library's deprecation, say) go through the same handler, so with
+JSON every line of the output is an object.
 
 JSON lines are python-json-logger's formatter: one object per line with `time`, `level`, `logger`, `message`,
 `request_id`, and whatever `extra` fields a call adds, except Django's `request` (an object, whose text would be the
@@ -15,6 +17,7 @@ full path with its query string).
 from __future__ import annotations
 
 import logging
+import logging.config
 from contextvars import ContextVar
 
 from pythonjsonlogger.core import RESERVED_ATTRS
@@ -65,9 +68,13 @@ def logging_config(log_format: str, level: str) -> dict:
     }
 
 
+def configure(config: dict) -> None:
+    """Applies a logging dictConfig and sends Python's warnings through it (settings.LOGGING_CONFIG names this)."""
+    logging.config.dictConfig(config)
+    logging.captureWarnings(True)
+
+
 def configure_worker_logging(log_format: str, level: str) -> None:
     """A worker process's logging: the control plane's format and level (the supervisor passes them), on the
     stderr that `serve` shares, so `serve`'s output is one stream of one format."""
-    import logging.config
-
-    logging.config.dictConfig(logging_config(log_format, level))
+    configure(logging_config(log_format, level))
