@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from inference.engine.contract.logs import request_id_var
 from pantheon_site.audit_chain import ChainReport, verify_chain
 from pantheon_site.errors import PantheonError, ServerError, as_pantheon_error
 from pantheon_site.models import AccessToken, AuditChainHead, AuditEvent, Outcome
@@ -43,6 +44,8 @@ def _fields(
 ) -> dict:
     if outcome not in Outcome.values:
         raise ValueError(f"outcome must be one of {Outcome.values}")
+    # Inside an HTTP request (or work it started, such as a load on demand), the event is that request's.
+    request_id = request_id or request_id_var.get() or ""
     details = dict(details or {})
     if error is not None:
         error_type = error_type or error.audit_type
@@ -80,8 +83,8 @@ def _log(event: AuditEvent) -> None:
 
 def record_audit_event(operation: str, outcome: str, **fields) -> AuditEvent:
     """Append one event. Keyword fields: actor_kind (required: token, anonymous, cli, system), actor_label, error
-    (a PantheonError: fills error_type and reason), error_type, reason, model, request_id, client_address,
-    duration_ms, details (a JSON-able dict)."""
+    (a PantheonError: fills error_type and reason), error_type, reason, model, request_id (default: the current
+    HTTP request's, pantheon_site/request_ids.py), client_address, duration_ms, details (a JSON-able dict)."""
     event = AuditEvent.objects.create(**_fields(operation, outcome, **fields))
     _log(event)
     return event

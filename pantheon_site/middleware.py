@@ -4,32 +4,29 @@ envelope for raised PantheonErrors.
 All of it works in Django's async stack without a thread hop on the normal path, so /v1 stays async end to end.
 Django's own middleware classes (MiddlewareMixin) run their hooks through `sync_to_async` under ASGI: one hop to
 the sync thread and back per hook, per request, which on a busy 2-core host cost a request milliseconds before its
-view ran (docs/performance.md). Channels consumers (SSE) do not pass through Django middleware: they call
-`request_id_from_header` themselves.
+view ran (docs/performance.md).
 """
-
-import re
-import uuid
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.middleware import clickjacking, security
 from django.utils.deprecation import MiddlewareMixin
 
+from inference.engine.contract.logs import request_id_var
 from pantheon_site.errors import PantheonError, render_error
-
-REQUEST_ID_HEADER = "X-Request-Id"
-_ACCEPTABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+from pantheon_site.request_ids import REQUEST_ID_HEADER, SCOPE_KEY, request_id_from_header
 
 
-def request_id_from_header(value: str | None) -> str:
-    """The client's X-Request-Id when it is a short plain token (so it is safe in logs), else a new uuid4 hex."""
-    if value and _ACCEPTABLE_ID.fullmatch(value):
-        return value
-    return uuid.uuid4().hex
+def _request_id(request) -> str:
+    """The id the ASGI layer chose (pantheon_site/request_ids.py); where Django runs without that layer (the test
+    client, WSGI), one chosen the same way here."""
+    scope = getattr(request, "scope", None)
+    if scope and SCOPE_KEY in scope:
+        return scope[SCOPE_KEY]
+    return request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
 
 
 class RequestIdMiddleware:
-    """Sets `request.request_id` (from X-Request-Id or new) and echoes it on the response, for audit and logs."""
+    """Sets `request.request_id` (audit events read it) and the log context, and echoes the id on the response."""
 
     sync_capable = True
     async_capable = True
@@ -43,14 +40,22 @@ class RequestIdMiddleware:
     def __call__(self, request):
         if self.is_async:
             return self._acall(request)
-        request.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
-        response = self.get_response(request)
+        request.request_id = _request_id(request)
+        token = request_id_var.set(request.request_id)
+        try:
+            response = self.get_response(request)
+        finally:
+            request_id_var.reset(token)
         response[REQUEST_ID_HEADER] = request.request_id
         return response
 
     async def _acall(self, request):
-        request.request_id = request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
-        response = await self.get_response(request)
+        request.request_id = _request_id(request)
+        token = request_id_var.set(request.request_id)
+        try:
+            response = await self.get_response(request)
+        finally:
+            request_id_var.reset(token)
         response[REQUEST_ID_HEADER] = request.request_id
         return response
 

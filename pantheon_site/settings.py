@@ -196,16 +196,6 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "pantheon_site.errors.drf_exception_handler",
 }
 
-# --- logging: one console stream; tokens never reach it (see pantheon_site/tokens.py) --------------------------------
-
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": _env_str("PANTHEON_LOG_LEVEL", "INFO")},
-}
-
 # --- Pantheon: serving ------------------------------------------------------------------------------------------------
 
 # Batched decode slots per model, and the FIFO queue in front of them (spec: 8 slots, depth 32, 30 s wait).
@@ -298,3 +288,16 @@ PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
 # /session, /api/weights); over it, 429 rate_limited with Retry-After. 0 (default): no limit, as vLLM, llama.cpp's
 # server and Ollama have none; counted in each serve process's memory (pantheon_site/rate_limit.py).
 PANTHEON_RATE_LIMIT_PER_MINUTE = _env_int("PANTHEON_RATE_LIMIT_PER_MINUTE", 0)
+
+# --- request ids and logs ---------------------------------------------------------------------------------------------
+# One console stream (stderr, shared with the workers, which log in the same format and level), every line carrying
+# its request's X-Request-ID (docs/logging.md). PANTHEON_LOG_FORMAT: "plain" lines or "json" objects, one per line.
+# Tokens never reach a log line; prompt text (a generation's body) and a trainer's attachment id only with
+# PANTHEON_LOG_SENSITIVE, a debug setting.
+from inference.engine.contract.logs import logging_config  # noqa: E402 (Django-free: the workers configure with it too)
+
+PANTHEON_LOG_LEVEL = _env_str("PANTHEON_LOG_LEVEL", "INFO").upper()
+PANTHEON_LOG_FORMAT = _env_str("PANTHEON_LOG_FORMAT", "plain").lower()
+PANTHEON_LOG_SENSITIVE = _env_bool("PANTHEON_LOG_SENSITIVE", False)
+LOGGING = logging_config(PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL)
+LOGGING_CONFIG = "inference.engine.contract.logs.configure"  # dictConfig, and Python's warnings through it

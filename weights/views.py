@@ -5,16 +5,19 @@ A gated call checks its token first, with the shared check of every token route 
 WEIGHTS_UNAUTHORIZED with WWW-Authenticate: Bearer, then 403 WEIGHTS_FORBIDDEN for a role the route does not
 admit), and then runs as one call of weights/services.py inside the shared AuditedCall; either way it writes one
 audit event with the spec's fields. GET /status, /lineage and /checkpoints take no token. Neither the
-token nor the attachment id is ever logged, audited or returned (the id once, by attach).
+token nor the attachment id is ever audited or returned (the id once, by attach); the token is never logged, the
+attachment id only with PANTHEON_LOG_SENSITIVE, a debug setting (docs/logging.md).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import JsonResponse
 
 from inference.engine.contract.weights import WeightsCode, WeightsOperation
@@ -36,6 +39,8 @@ HOLDER_ROLES = (Role.TRAINER, Role.OPERATOR)
 # The audit operation of each call, and of its token refusal (they differ for save and load only).
 TOKEN_OPERATION = {op: "weights_" + op.value.replace("-", "_") for op in WeightsOperation}
 AUDIT_OPERATION = TOKEN_OPERATION | {WeightsOperation.SAVE: "save", WeightsOperation.LOAD: "load"}
+
+logger = logging.getLogger("pantheon.weights")
 
 
 def envelope(data: Any) -> JsonResponse:
@@ -79,6 +84,9 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
     token = await arequire_role(request, *roles, operation=token_operation, as_error=_token_refusal, started=started)
     record = services.CallRecord()
     actor = request_actor(request, token)
+    attachment_id = request.headers.get(ATTACHMENT_HEADER) or None
+    if settings.PANTHEON_LOG_SENSITIVE and attachment_id:
+        logger.info("weights %s by %r with attachment %s", operation.value, token.label, attachment_id)
     async with AuditedCall(AUDIT_OPERATION[operation], started=started, **actor) as audit:
         try:
             body = _body(request)
@@ -87,7 +95,7 @@ async def gated(request, operation: WeightsOperation, roles: tuple[str, ...] = H
                 operation,
                 role=token.role,
                 label=token.label,
-                attachment_id=request.headers.get(ATTACHMENT_HEADER) or None,
+                attachment_id=attachment_id,
                 body=body,
                 model=requested_model(body.get("model"), request.GET.get("model")),
                 record=record,

@@ -15,10 +15,13 @@ graceful shutdown can refuse new ones (503 server_shutting_down) and wait for th
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import millm_model, refused_stream
@@ -28,6 +31,8 @@ from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import ModelRouter, get_router, load_allowed
 from inference.services.refusals import as_api_error
 from pantheon_site.errors import ContextOverBudget
+
+logger = logging.getLogger("pantheon.generation")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MILLM_MODEL_HEADER = "X-miLLM-Model"
@@ -65,8 +70,11 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
         model = await router.route(run.requested_model, allow_load=load_allowed(request.headers))
         placement = router.placements()[model]
         run.place(model, placement)
+        submits = run.submits()
+        if settings.PANTHEON_LOG_SENSITIVE:
+            log_prompts(submits)
         try:
-            generations = await admit_all(router.client, run.submits())
+            generations = await admit_all(router.client, submits)
         except EngineError as exc:
             error = as_api_error(exc)
             if run.stream and run.stream_refusals and isinstance(error, ContextOverBudget):
@@ -84,6 +92,14 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
     finally:
         if not streaming:
             router.end_completion()
+
+
+def log_prompts(submits: list[p.Submit]) -> None:
+    """Each generation's prompt, as the worker gets it: only with PANTHEON_LOG_SENSITIVE, a debug setting (prompt text
+    is the client's, never logged otherwise; docs/logging.md)."""
+    for submit in submits:
+        prompt = submit.prompt if submit.prompt is not None else submit.messages or submit.prompt_token_ids
+        logger.info("generation %s prompt: %s", submit.request_id, json.dumps(prompt, ensure_ascii=False))
 
 
 async def admit_all(client: EngineClient, submits: list[p.Submit]) -> list[Generation]:

@@ -31,6 +31,7 @@ from inference.engine.contract.weights import WeightsCode
 from inference.engine.execution.step_threads import StepThreads, apply_step_threads, choose_step_threads
 from inference.engine.hosted_model import HostedModel, RequestRefused, refusal
 from inference.engine.loaders.loaded import LoadedModel
+from inference.engine.sequence_log import SequenceLog
 from inference.engine.session_calls import read_restore
 from inference.engine.step_wire import wire_messages
 from inference.engine.worker_models import ModelLoading, PendingLoad
@@ -81,6 +82,7 @@ class Worker(ModelLoading):
         self.parent_pid = parent_pid  # exit when this process is no longer our parent (the control plane died)
         self.models: dict[str, HostedModel] = {}
         self.requests: dict[str, str] = {}  # request id -> model name, for every admitted generation
+        self.sequences = SequenceLog()  # the log lines about each generation, with its HTTP request's id
         self.loads: list[PendingLoad] = []
         self.pauses: list[tuple[str, list[str]]] = []  # PAUSE call id -> models that must drain before PAUSED
         self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
@@ -154,11 +156,14 @@ class Worker(ModelLoading):
         """Answers or starts one message; `size` is its frame's bytes (what a SUBMIT or EMBED may cost to prepare)."""
         match message:
             case p.Submit() | p.Embed():
+                if isinstance(message, p.Submit):
+                    self.sequences.submitted(message)
                 try:
                     self.submit(message, size)
                 except RequestRefused as refused:
                     self.send(refused.error)
             case p.Abort(request_id=request_id):
+                self.sequences.aborted(request_id)
                 self.preparing.pop(request_id, None)  # its prepared sequence is dropped when it is ready
                 name = self.requests.pop(request_id, None)
                 if name in self.models:
@@ -369,6 +374,7 @@ class Worker(ModelLoading):
         self.preparer.shutdown(wait=False, cancel_futures=True)
 
     def send(self, message: p.Message) -> None:
+        self.sequences.sent(message)
         self.socket.send(p.encode(message))
 
     def send_all(self, messages: list[p.Message]) -> None:

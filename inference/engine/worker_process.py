@@ -1,6 +1,6 @@
 """A worker process: `python -m inference.engine.worker_process --endpoint ENDPOINT --device cpu|cuda:N --identity ID`
-(the supervisor starts it). Connects the DEALER socket, picks the torch thread count, wires SIGTERM to a clean stop
-and runs the Worker loop (worker.py) until SHUTDOWN.
+(the supervisor starts it, with the control plane's log format and level). Connects the DEALER socket, picks the
+torch thread count, wires SIGTERM to a clean stop and runs the Worker loop (worker.py) until SHUTDOWN.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import zmq
 
 from inference.engine import kernels
 from inference.engine.contract.io_threads import batch_io_threads
+from inference.engine.contract.logs import LOG_FORMATS, configure_worker_logging
 from inference.engine.worker import HEARTBEAT_INTERVAL, Worker
 
 
@@ -62,12 +63,7 @@ def serve(endpoint: str, device: str, identity: str, *, context: zmq.Context | N
 
 def log_start(device: str) -> None:
     """One line on stderr (which `serve` shares) saying which C kernels this worker runs, or that torch runs all."""
-    log = logging.getLogger("pantheon.worker")
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))  # as settings.LOGGING
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.info("worker %s: %s", device, kernels.describe())
+    logging.getLogger("pantheon.worker").info("worker %s: %s", device, kernels.describe())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,7 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", required=True, help="cpu or cuda:N")
     parser.add_argument("--identity", required=True, help="this worker's ZMQ identity")
     parser.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_INTERVAL, help="seconds")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="plain", help="as PANTHEON_LOG_FORMAT")
+    parser.add_argument("--log-level", default="INFO", help="as PANTHEON_LOG_LEVEL")
     args = parser.parse_args(argv)
+    configure_worker_logging(args.log_format, args.log_level)
     log_start(args.device)
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))

@@ -32,6 +32,7 @@ import zmq.asyncio
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.io_threads import batch_io_threads
+from inference.engine.contract.logs import request_id_var
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.weights import ServedCheckpoint
@@ -237,7 +238,10 @@ class ZmqEngineClient(WorkerCalls):
         """Sends a SUBMIT to `device`'s worker and waits for its admission (what `generate` does once it has placed
         the request). Every refusal reaches this request, even one for a frame the worker could not read. A worker
         that dies before admitting the request produced nothing for it: that is model_reloading (retry), not the
-        worker_died of a generation cut short."""
+        worker_died of a generation cut short. The SUBMIT carries the id of the HTTP request this task serves, if
+        any (the worker's log lines about the sequence carry it)."""
+        if submit.http_request_id is None and (http_request_id := request_id_var.get()) is not None:
+            submit = msgspec.structs.replace(submit, http_request_id=http_request_id)
         request_id = submit.request_id
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (device, queue)

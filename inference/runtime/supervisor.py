@@ -84,6 +84,8 @@ class WorkerSupervisor:
         stable_after: float = 60.0,
         poll_interval: float = 0.1,
         python: str = sys.executable,
+        log_format: str = "plain",
+        log_level: str = "INFO",
     ):
         self.client = client or ZmqEngineClient()
         self.devices = devices  # None: cpu plus every CUDA device the cpu worker sees
@@ -96,6 +98,8 @@ class WorkerSupervisor:
         self.stable_after = stable_after  # a worker up this long before it dies restarts without backoff
         self.poll_interval = poll_interval
         self.python = python
+        self.log_format = log_format  # the workers log as the control plane does (inference/engine/contract/logs.py)
+        self.log_level = log_level
         self.workers: dict[str, WorkerProcess] = {}
         self._incarnations = 0
         self._watch: asyncio.Task | None = None
@@ -114,6 +118,8 @@ class WorkerSupervisor:
             ready_timeout=settings.PANTHEON_WORKER_START_TIMEOUT_S,
             backoff_initial=settings.PANTHEON_WORKER_RESTART_BACKOFF_S,
             backoff_max=settings.PANTHEON_WORKER_RESTART_BACKOFF_MAX_S,
+            log_format=settings.PANTHEON_LOG_FORMAT,
+            log_level=settings.PANTHEON_LOG_LEVEL,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -175,7 +181,8 @@ class WorkerSupervisor:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         command = [self.python, "-m", "inference.engine.worker_process", "--endpoint", self.client.endpoint,
                    "--device", device, "--identity", f"{device}/{self._incarnations}",
-                   "--heartbeat-interval", str(self.heartbeat_interval)]  # fmt: skip
+                   "--heartbeat-interval", str(self.heartbeat_interval),
+                   "--log-format", self.log_format, "--log-level", self.log_level]  # fmt: skip
         # A session of its own: a Ctrl-C in the terminal reaches the control plane, which then stops the workers.
         return subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
 

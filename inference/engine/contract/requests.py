@@ -36,6 +36,8 @@ class Submit(Message, tag="S"):
     sampling: SamplingParams = SamplingParams()
     options: GenerationOptions = GenerationOptions()  # max_tokens, stop strings and tokens, min_tokens, ...
     session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
+    # The X-Request-ID of the HTTP request this generation serves, for the worker's log lines about it (None: none)
+    http_request_id: str | None = None
 
     def __post_init__(self) -> None:
         if sum(p is not None for p in (self.messages, self.prompt, self.prompt_token_ids)) != 1:
