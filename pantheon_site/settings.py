@@ -94,6 +94,7 @@ INSTALLED_APPS = [
 # of database work.
 MIDDLEWARE = [
     "pantheon_site.middleware.RequestIdMiddleware",
+    "pantheon_site.request_metrics.RequestMetricsMiddleware",
     "pantheon_site.middleware.SecurityMiddleware",
     "admin_ui.middleware.UiSessionMiddleware",
     "admin_ui.middleware.UiCsrfMiddleware",
@@ -291,3 +292,10 @@ PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_
 # How many /v1/responses responses the control plane keeps in memory for previous_response_id and GET (the most
 # recently stored or used).
 PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
+
+# --- Metrics ---------------------------------------------------------------------------------------------------------
+
+# GET /metrics answers a scrape from a loopback address without a token (and without a database query); from any
+# other address it needs an operator token, as it always does with this off (turn it off behind a local reverse proxy,
+# which makes every client look local). docs/metrics.md
+PANTHEON_METRICS_OPEN_ON_LOOPBACK = _env_bool("PANTHEON_METRICS_OPEN_ON_LOOPBACK", True)

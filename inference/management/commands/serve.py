@@ -1,9 +1,10 @@
 """manage.py serve: the whole platform in the foreground — migrations, the workers, daphne, the catalogue's models.
 
 Daphne runs Twisted on an asyncio event loop; the worker supervisor, the engine client and every async view share
-that one loop, so a route awaits worker replies without a thread. Order: migrate, start the workers (before
-listening, so the first request finds them), listen, write the run file (`manage.py load_model` finds the server
-through it), then load the catalogue's autoload models in the background.
+that one loop, so a route awaits worker replies without a thread. Order: the metrics folder every process of the
+run writes to (pantheon_site/metrics_dir.py), migrate, start the workers (before listening, so the first request
+finds them), listen, write the run file (`manage.py load_model` finds the server through it), then load the
+catalogue's autoload models in the background.
 
 Ctrl-C or SIGTERM shuts down gracefully: new completions get 503 server_shutting_down (Retry-After: 1) while the
 ones in flight run to their end, for up to PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S; then daphne stops (requests still
@@ -25,6 +26,7 @@ from django.core.management.base import CommandError
 from inference.management.run_file import RunInfo, remove_run_file, write_run_file
 from inference.management.server_client import running_server
 from inference.runtime.host_probe import build_id
+from pantheon_site import metrics_dir
 from pantheon_site.local_credential import install_local_secret, new_admin_secret
 from pantheon_site.management.base import CommandResult, PantheonCommand
 
@@ -40,6 +42,7 @@ class Command(PantheonCommand):
         running = running_server()
         if running is not None:  # a second server would take over the first one's instance rows
             raise CommandError(f"a Pantheon server is already running at {running.url} (pid {running.pid})")
+        metrics_dir.prepare(settings.PANTHEON_RUN_DIR)  # before anything imports prometheus_client; workers inherit it
         call_command("migrate", interactive=False, verbosity=0)
         # daphne.server installs Twisted's asyncio reactor when imported, so it is imported only here, first.
         from daphne.endpoints import build_endpoint_description_strings
