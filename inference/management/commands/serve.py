@@ -38,11 +38,17 @@ class Command(PantheonCommand):
         parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
 
-    def perform(self, *, host: str, port: int, **options) -> CommandResult:
+    def execute(self, *args, **options):
+        """Before Django's system checks, which import the URL configuration and with it prometheus_client: refuse a
+        second server (it would take over the first one's instance rows and metrics folder), then prepare this
+        run's metrics folder, which the workers inherit."""
         running = running_server()
-        if running is not None:  # a second server would take over the first one's instance rows
+        if running is not None:
             raise CommandError(f"a Pantheon server is already running at {running.url} (pid {running.pid})")
-        metrics_dir.prepare(settings.PANTHEON_RUN_DIR)  # before anything imports prometheus_client; workers inherit it
+        metrics_dir.prepare(settings.PANTHEON_RUN_DIR)
+        return super().execute(*args, **options)
+
+    def perform(self, *, host: str, port: int, **options) -> CommandResult:
         call_command("migrate", interactive=False, verbosity=0)
         # daphne.server installs Twisted's asyncio reactor when imported, so it is imported only here, first.
         from daphne.endpoints import build_endpoint_description_strings
