@@ -8,13 +8,14 @@ own registry. The UI's charts read the same families, so they and a Prometheus s
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from inference.engine.contract import metrics as definitions
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# The text format every Prometheus server reads (2.x and 3.x); our names need none of 1.0.0's escaping.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 def _registry() -> CollectorRegistry:
