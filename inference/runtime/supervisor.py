@@ -201,8 +201,9 @@ class WorkerSupervisor:
         finally:
             ready.cancel()
         worker.state = "ready"
+        restarts = WORKER_RESTARTS.labels(device)  # exported (at 0) from the first start, so rate() sees the first
         if previous:
-            WORKER_RESTARTS.labels(device).inc()
+            restarts.inc()
         return ready.result()
 
     async def _watch_workers(self) -> None:

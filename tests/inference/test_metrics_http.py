@@ -152,15 +152,17 @@ def test_a_dead_workers_gauges_leave_the_scrape(server, api, operator_token, sto
 
 
 def test_every_metric_the_dashboard_draws_is_in_a_real_scrape(api, operator_token, stories_hf_dir):
+    """After a load, a generation, a refusal and an unload, every series the dashboard's queries (and its model
+    picker) name is exported: the dashboard cannot drift from the code."""
     load_stories(api, operator_token, stories_hf_dir)
-    api.post(ROUTE, json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+    assert api.post(ROUTE, json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).status_code == 200
+    too_long = {"messages": [{"role": "user", "content": "once upon a time " * 2000}], "max_tokens": 1}
+    assert api.post(ROUTE, json=too_long).status_code >= 400
+    assert api.post("/admin/models/unload", json={"name": "stories"}, headers=bearer(operator_token)).status_code == 200
     exported = {name for name, _ in scrape(api)}
     dashboard = json.loads(DASHBOARD.read_text())
-    queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
-    assert queries
-    named = {word for expr in queries for word in _metric_names(expr)}
-    assert named and named <= exported, sorted(named - exported)
-
-
-def _metric_names(expr: str) -> set[str]:
-    return set(re.findall(r"\bpantheon_[a-z_]+\b", expr))
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queries += [variable["definition"] for variable in dashboard["templating"]["list"] if "definition" in variable]
+    named = {name for query in queries for name in re.findall(r"\bpantheon_[a-z_]+\b", query)}
+    assert len(named) >= 20
+    assert named <= exported, sorted(named - exported)
