@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.inference.serving import bearer, sse_events, wait_for
+from tests.weights.weights_calls import Holder, new_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,6 +150,28 @@ def test_a_dead_workers_gauges_leave_the_scrape(server, api, operator_token, sto
     assert value(after, "pantheon_completion_tokens_total", model="stories") >= value(
         before, "pantheon_completion_tokens_total", model="stories"
     )
+
+
+def test_the_weights_barrier_reports_its_state_commits_and_holds(server, api, operator_token, stories_hf_dir):
+    holder = Holder(server, new_token("trainer", "trainer"))  # a trainer token first: the load is attachable
+    load_stories(api, operator_token, stories_hf_dir)
+    try:
+        before = scrape(api)
+        holder.attach()
+        holder.ok("quiesce")
+        holder.ok("commit-begin")
+        writing = scrape(api)
+        holder.ok("commit-end")
+        holder.ok("resume")
+        after = scrape(api)
+    finally:
+        holder.detach()
+    state = {s: value(writing, "pantheon_weights_state", model="stories", state=s) for s in ("clean", "writing")}
+    assert state == {"clean": 0, "writing": 1}
+    assert value(after, "pantheon_weights_state", model="stories", state="clean") == 1
+    assert value(after, "pantheon_weights_state", model="stories", state="writing") == 0
+    assert moved(before, after, "pantheon_weights_commits_total", model="stories") == 1
+    assert moved(before, after, "pantheon_weights_barrier_hold_seconds_count", model="stories") == 1
 
 
 def test_every_metric_the_dashboard_draws_is_in_a_real_scrape(api, operator_token, stories_hf_dir):
