@@ -37,6 +37,7 @@ class ModelMetrics:
         self.states = {state: m.WEIGHTS_STATE.labels(model, state) for state in WEIGHTS_STATES}
         self.commits = m.WEIGHTS_COMMITS.labels(model)
         self.hold = m.WEIGHTS_BARRIER_HOLD.labels(model)
+        self.last_occupancy: tuple[int, ...] | None = None
 
     # -- the scheduler --------------------------------------------------------------------------------------------
 
@@ -60,6 +61,12 @@ class ModelMetrics:
     # -- the worker's loop ----------------------------------------------------------------------------------------
 
     def occupancy(self, *, waiting: int, decoding: int, blocks_used: int, blocks_free: int, sessions: int) -> None:
+        """Sets the gauges, only when a figure changed (each set is a locked write to the metrics file, and the
+        loop turns far more often than the figures change)."""
+        figures = (waiting, decoding, blocks_used, blocks_free, sessions)
+        if figures == self.last_occupancy:
+            return
+        self.last_occupancy = figures
         self.queue_depth.set(waiting)
         self.decoding.set(decoding)
         self.blocks_used.set(blocks_used)
@@ -68,6 +75,7 @@ class ModelMetrics:
 
     def unloaded(self) -> None:
         """The model left the worker: its gauges read 0 (a file's value cannot be taken back while we live)."""
+        self.last_occupancy = None
         for gauge in (self.queue_depth, self.decoding, self.blocks_used, self.blocks_free, self.sessions,
                       *self.states.values()):  # fmt: skip
             gauge.set(0)
