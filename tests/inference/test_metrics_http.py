@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -172,6 +173,43 @@ def test_the_weights_barrier_reports_its_state_commits_and_holds(server, api, op
     assert value(after, "pantheon_weights_state", model="stories", state="writing") == 0
     assert moved(before, after, "pantheon_weights_commits_total", model="stories") == 1
     assert moved(before, after, "pantheon_weights_barrier_hold_seconds_count", model="stories") == 1
+
+
+def queued(samples: dict) -> dict | None:
+    """`samples` once a request waits in the queue of "stories"."""
+    return samples if value(samples, "pantheon_queue_depth", model="stories") else None
+
+
+def test_a_request_waiting_for_a_slot_is_in_the_queue_gauge_and_one_more_is_refused(
+    start_server, operator_token, stories_hf_dir
+):
+    """One slot and no queue room beyond it: with the scheduler held (the weights barrier's quiesce, so nothing
+    depends on timing), one request waits and shows in pantheon_queue_depth; the next is refused queue_full."""
+    server = start_server(PANTHEON_BATCH_SLOTS="1", PANTHEON_QUEUE_DEPTH="0", PANTHEON_QUEUE_WAIT_S="300",
+                          WEIGHTS_HOLD_TIMEOUT_S="300")  # fmt: skip
+    holder = Holder(server, new_token("trainer", "trainer"))
+    body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 3}
+    with httpx.Client(base_url=server.url, timeout=120) as api, ThreadPoolExecutor(1) as pool:
+        load_stories(api, operator_token, stories_hf_dir)
+        before = scrape(api)
+        holder.attach()
+        holder.ok("quiesce")
+        try:
+            waiting = pool.submit(api.post, ROUTE, json=body)
+            held = wait_for(lambda: queued(scrape(api)))
+            refused = api.post(ROUTE, json=body)
+        finally:
+            holder.ok("resume")
+            holder.detach()
+        assert waiting.result().status_code == 200
+        after = scrape(api)
+    assert value(held, "pantheon_queue_depth", model="stories") == 1
+    assert value(held, "pantheon_sequences_decoding", model="stories") == 0
+    assert refused.status_code == 429, refused.text
+    assert moved(before, after, "pantheon_refusals_total", model="stories", reason="queue_full") == 1
+    assert moved(before, after, "pantheon_requests_total", route=ROUTE, model="stories", status="429") == 1
+    assert moved(before, after, "pantheon_queue_wait_seconds_count", model="stories") == 1
+    assert value(after, "pantheon_queue_depth", model="stories") == 0
 
 
 def test_every_metric_the_dashboard_draws_is_in_a_real_scrape(api, operator_token, stories_hf_dir):
