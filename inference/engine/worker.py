@@ -118,8 +118,10 @@ class Worker(ModelLoading):
                 for message in outputs:
                     self.forget_finished(message)
                 self.send(p.StepOutputs(outputs))
-            # 4) housekeeping: prepared prompts, loads, drains, pauses, queue timeouts, idle sessions, heartbeats
+            # 4) housekeeping: prepared prompts, loads, drains, pauses, queue timeouts, idle sessions, heartbeats;
+            # the gauges again for what it changed (a set happens only when a figure moved)
             self.housekeeping()
+            self.record_occupancy()
         self.shut_down()
 
     def record_occupancy(self) -> None:
