@@ -94,6 +94,7 @@ INSTALLED_APPS = [
 # of database work.
 MIDDLEWARE = [
     "pantheon_site.middleware.RequestIdMiddleware",
+    "pantheon_site.request_metrics.RequestMetricsMiddleware",
     "pantheon_site.middleware.SecurityMiddleware",
     "admin_ui.middleware.UiSessionMiddleware",
     "admin_ui.middleware.UiCsrfMiddleware",
@@ -301,3 +302,9 @@ PANTHEON_LOG_FORMAT = _env_str("PANTHEON_LOG_FORMAT", "plain").lower()
 PANTHEON_LOG_SENSITIVE = _env_bool("PANTHEON_LOG_SENSITIVE", False)
 LOGGING = logging_config(PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL)
 LOGGING_CONFIG = "inference.engine.contract.logs.configure"  # dictConfig, and Python's warnings through it
+# --- Metrics ---------------------------------------------------------------------------------------------------------
+
+# GET /metrics answers a scrape from a loopback address without a token (and without a database query); from any
+# other address it needs an operator token, as it always does with this off (turn it off behind a local reverse proxy,
+# which makes every client look local). docs/metrics.md
+PANTHEON_METRICS_OPEN_ON_LOOPBACK = _env_bool("PANTHEON_METRICS_OPEN_ON_LOOPBACK", True)

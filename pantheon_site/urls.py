@@ -2,12 +2,15 @@
 
 from django.urls import include, path
 
+from pantheon_site.metrics_route import metrics_view
+
 # The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*, the UI's /ui/*) are added here by the apps that own
 # them.
 urlpatterns = [
     path("", include("inference.urls")),
     path("", include("weights.urls")),
     path("ui/", include("admin_ui.urls")),
+    path("metrics", metrics_view),
 ]
 
 handler400 = "pantheon_site.errors.handler400"

@@ -21,6 +21,7 @@ from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest
 from pantheon_site.methods import only
+from pantheon_site.request_metrics import label_model
 
 
 @only("POST")
@@ -30,6 +31,7 @@ async def embeddings(request):
     router = get_router()
     allow_load = load_allowed(request.headers)
     model = await router.route(body.get("model") or "", allow_load=allow_load)
+    label_model(request, model)
     try:
         reply = await router.client.embed(model, body["input"])
     except EngineError as exc:

@@ -9,7 +9,9 @@ opened, an error is its terminal event (each route's body writes it). context_ov
 completion request is sent in its stream form (a 200 stream whose only event is the error, with kv_used/kv_cap), as
 the spec describes it for streaming clients. A JSON answer names the weights that produced it (X-miLLM-Model; a
 stream carries it on its terminal event). Every generation is counted in flight from routing to its last byte, so a
-graceful shutdown can refuse new ones (503 server_shutting_down) and wait for these.
+graceful shutdown can refuse new ones (503 server_shutting_down) and wait for these. A generation refused at
+admission counts once in pantheon_refusals_total by the engine's reason (queue_full, queue_timeout, low_memory,
+prompt_too_long, model_reloading, ...), here only, and the request's metrics name the model it was routed to.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import millm_model, refused_stream
 from inference.engine.contract import messages as p
+from inference.engine.contract.metrics import REFUSALS
 from inference.runtime.client_protocol import EngineClient, ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.router import ModelRouter, get_router, load_allowed
 from inference.services.refusals import as_api_error
 from pantheon_site.errors import ContextOverBudget
+from pantheon_site.request_metrics import label_model
 
 logger = logging.getLogger("pantheon.generation")
 
@@ -68,6 +72,7 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
     streaming = False
     try:
         model = await router.route(run.requested_model, allow_load=load_allowed(request.headers))
+        label_model(request, model)
         placement = router.placements()[model]
         run.place(model, placement)
         submits = run.submits()
@@ -76,6 +81,7 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
         try:
             generations = await admit_all(router.client, submits)
         except EngineError as exc:
+            REFUSALS.labels(model, exc.reason).inc()
             error = as_api_error(exc)
             if run.stream and run.stream_refusals and isinstance(error, ContextOverBudget):
                 return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",

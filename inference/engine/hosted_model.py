@@ -34,6 +34,7 @@ from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.serving_metrics import ModelMetrics
 from inference.engine.session_calls import SessionCall, answer
 from inference.engine.text.chat_template import ChatTemplate, TemplateError
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -195,7 +196,7 @@ class HostedModel:
         hosted = cls(
             req.name,
             model,
-            new_scheduler(model, limits),
+            new_scheduler(model, limits, ModelMetrics(req.name)),
             device=device,
             min_free_memory=limits.min_free_memory,
             window_configured=plan.configured,
@@ -389,6 +390,14 @@ class HostedModel:
             prefix_cache_bytes=self.prefix_cache_bytes,
             kernels=kernels.active_kernels(),
         )
+
+    def record_occupancy(self) -> None:
+        """Sets this model's occupancy gauges (queue, batch, KV blocks, sessions) from its scheduler and pool."""
+        s, pool = self.scheduler, self.model.runner.cache.pool
+        if s.metrics is not None:
+            sessions = len(s.sessions.sessions) if s.sessions else 0
+            s.metrics.occupancy(waiting=len(s.waiting), decoding=len(s.running), blocks_used=pool.num_used,
+                                blocks_free=pool.num_free, sessions=sessions)  # fmt: skip
 
     def status(self) -> p.ModelStatus:
         s = self.scheduler

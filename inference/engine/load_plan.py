@@ -28,6 +28,7 @@ from inference.engine.kv_budget import (
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import automatic_kv_dtype
 from inference.engine.scheduler import Scheduler
+from inference.engine.serving_metrics import ModelMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +71,9 @@ def plan_load(req: p.Load, device: str) -> LoadPlan:
     )
 
 
-def new_scheduler(model: LoadedModel, limits: ServingLimits) -> Scheduler:
-    """The scheduler of a loaded model, with a session table when the limits allow sessions."""
+def new_scheduler(model: LoadedModel, limits: ServingLimits, metrics: ModelMetrics) -> Scheduler:
+    """The scheduler of a loaded model, with a session table when the limits allow sessions, recording into
+    `metrics`."""
     sessions = None
     if limits.max_sessions:
         sessions = SessionTable(
@@ -89,4 +91,5 @@ def new_scheduler(model: LoadedModel, limits: ServingLimits) -> Scheduler:
         prefill_chunk=limits.prefill_chunk,
         repetition_span=limits.repetition_span,
         sessions=sessions,
+        metrics=metrics,
     )

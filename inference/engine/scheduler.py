@@ -33,6 +33,7 @@ from inference.engine.kv.sessions import SessionTable
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SampledTokens, TokenLogprobs, sample_batch
 from inference.engine.sequence import Sequence
+from inference.engine.serving_metrics import ModelMetrics
 from inference.engine.step_results import Admitted, Ended, Expired, StepResult, Streamed
 from inference.engine.text.detokenizer import IncrementalDetokenizer
 from inference.engine.text.tokenizer import Tokenizer
@@ -69,6 +70,7 @@ class Scheduler:
         repetition_span: int = 0,
         sessions: SessionTable | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ModelMetrics | None = None,
     ):
         if not 1 <= max_concurrent <= runner.max_concurrent:
             raise ValueError(
@@ -82,6 +84,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.repetition_span = repetition_span
         self.clock = clock
+        self.metrics = metrics  # what a worker records of this model (serving_metrics.py); None: nothing
         self.sessions = sessions  # None: session ids are ignored (every turn still reuses cached prefixes)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -149,6 +152,8 @@ class Scheduler:
             self._attach_kv(seq)
             self.running.append(seq)
             admitted.append(seq)
+            if self.metrics is not None:
+                self.metrics.took_slot(seq, self.clock())
         prefills, budget = [], self.prefill_chunk
         for seq in self.running:
             if budget == 0:
@@ -282,8 +287,11 @@ class Scheduler:
     def postprocess(self, rows: list[Sequence], sampled: SampledTokens) -> list[StepResult]:
         """Appends each row's sampled token; finished sequences leave the batch and free their slot now."""
         out: list[StepResult] = []
+        now = self.clock()
         for seq, token_id, logprobs in zip(rows, sampled.token_ids, sampled.logprobs, strict=True):
             text = seq.append_token(token_id)
+            if self.metrics is not None:
+                self.metrics.token(seq, now)
             if seq.think is not None:
                 seq.think.observe(text)
                 if seq.deferred_grammar is not None and seq.think.state == "closed":
@@ -307,6 +315,8 @@ class Scheduler:
         return out
 
     def _finished(self, seq: Sequence) -> Ended:
+        if self.metrics is not None:
+            self.metrics.ended(len(seq.prompt_ids), seq.cached_tokens, len(seq.output_ids))
         return Ended(
             request_id=seq.request_id,
             finish_reason=seq.finish_reason,

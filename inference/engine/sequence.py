@@ -43,7 +43,7 @@ class Sequence:
     __slots__ = (
         "request_id", "prompt_ids", "output_ids", "sampling", "detokenizer", "options", "stop_token_ids", "stop",
         "context_window", "slot", "num_prefilled", "cached_tokens", "finish_reason",
-        "arrival", "_held",
+        "arrival", "token_at", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
         "token_text", "unspelled", "released_chars", "spelled_chars", "prompt_logprobs", "prompt_entries",
         "repetition",
@@ -86,6 +86,7 @@ class Sequence:
         self.cached_tokens = 0  # prompt tokens whose KV was reused rather than computed
         self.finish_reason: str | None = None
         self.arrival = arrival
+        self.token_at = 0.0  # when its last token was appended (serving_metrics.py); 0: none yet
         self._held = ""  # released text that might be the start of a stop string
         self.session_id = session_id  # the session the request names; `session` once admitted under it
         self.session: Session | None = None

@@ -112,16 +112,23 @@ class Worker(ModelLoading):
             # 1) poll input; block only when no model has work to step
             busy = any(h.scheduler.has_work for h in self.models.values())
             self.poll_input(0 if busy else self.idle_timeout())
-            # 2) step each model's scheduler
+            # 2) step each model's scheduler, and set the gauges before the step's outputs tell anyone of it
             outputs = self.step_models()
+            self.record_occupancy()
             # 3) send the step's outputs, all in one message
             if outputs:
                 for message in outputs:
                     self.forget_finished(message)
                 self.send(p.StepOutputs(outputs))
-            # 4) housekeeping: prepared prompts, loads, drains, pauses, queue timeouts, idle sessions, heartbeats
+            # 4) housekeeping: prepared prompts, loads, drains, pauses, queue timeouts, idle sessions, heartbeats;
+            # the gauges again for what it changed (a set happens only when a figure moved)
             self.housekeeping()
+            self.record_occupancy()
         self.shut_down()
+
+    def record_occupancy(self) -> None:
+        for hosted in self.models.values():
+            hosted.record_occupancy()
 
     def idle_timeout(self) -> int:
         """Milliseconds to block waiting for input when idle: until the next heartbeat, shorter while loading,

@@ -84,11 +84,15 @@ class ModelLoading:
                 self.send(p.Unloaded(request_id=pending.unload_call, name=req.name, aborted=0))
                 continue
             hosted.barrier = WeightsBarrier(
-                ServedWeights(hosted, attachable_load=req.limits.attachable), req.limits.weights_timers, self.loader
+                ServedWeights(hosted, attachable_load=req.limits.attachable),
+                req.limits.weights_timers,
+                self.loader,
+                metrics=hosted.scheduler.metrics,
             )
             if req.checkpoint is not None:
                 hosted.barrier.serve_checkpoint(req.checkpoint)
             self.models[req.name] = hosted
+            hosted.record_occupancy()
             self.freeze()
             self.send(hosted.loaded(req, pending.started))
 
@@ -131,6 +135,8 @@ class ModelLoading:
             self.requests.pop(seq.request_id, None)
             self.send(p.Error(request_id=seq.request_id, reason=Reason.MODEL_UNLOADED, message=message))
         del self.models[hosted.name]
+        if scheduler.metrics is not None:
+            scheduler.metrics.unloaded()
         return p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted))
 
     def free_memory(self) -> None:

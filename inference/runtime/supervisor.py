@@ -6,7 +6,8 @@ noticed as it happens where the OS gives a process file descriptor to wait on (L
 within `poll_interval`; that task also kills a worker whose heartbeats stop for `heartbeat_timeout`, whose exit is
 then noticed the same way. Either way the client ends everything in flight on that worker with `WorkerDied`, the
 `on_crash` hook runs (the platform writes an audit event there), and the worker is started again after an
-exponential backoff and given back its models.
+exponential backoff and given back its models. A restart that came up counts in pantheon_worker_restarts_total, and
+the dead process's gauges leave /metrics (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from inference.engine.contract.metrics import WORKER_RESTARTS, forget_process
 from inference.runtime.client_protocol import WorkerLink
 from inference.runtime.engine_client import ZmqEngineClient
 from inference.runtime.generation import EngineError, WorkerDied
@@ -206,6 +208,9 @@ class WorkerSupervisor:
         finally:
             ready.cancel()
         worker.state = "ready"
+        restarts = WORKER_RESTARTS.labels(device)  # exported (at 0) from the first start, so rate() sees the first
+        if previous:
+            restarts.inc()
         return ready.result()
 
     async def _watch_workers(self) -> None:
@@ -261,6 +266,7 @@ class WorkerSupervisor:
 
     def _begin_recovery(self, worker: WorkerProcess, reason: str) -> None:
         worker.state = "restarting"
+        forget_process(worker.process.pid)  # its gauges (queues, KV blocks, sessions) went with it
         lost = self.client.worker_lost(worker.device, reason)
         logger.error("worker %s (pid %s) %s; it held %s", worker.device, worker.process.pid, reason,
                      [pl.name for pl in lost] or "no models")  # fmt: skip

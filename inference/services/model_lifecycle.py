@@ -6,13 +6,16 @@ A load is checked before anything changes (path, device, name, memory admission)
 a load that succeeded is written: one transaction updates the catalogue row (when the load is an operator's) and
 creates the instance row. A refused or failed load therefore leaves the catalogue and the instances as they were.
 An unload drains the model's generations first, for up to PANTHEON_UNLOAD_DRAIN_TIMEOUT_S; generations still
-running then are ended with an error, and the unload completes.
+running then are ended with an error, and the unload completes. The worker's part of each load and unload that
+succeeded is timed into pantheon_model_load_seconds / pantheon_model_unload_seconds (a reload after a worker crash is
+the supervisor's, not timed there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,7 @@ from django.utils import timezone
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.checkpoint import Checkpoint, CheckpointCorrupt, read_manifest
+from inference.engine.contract.metrics import MODEL_LOAD, MODEL_UNLOAD
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.weights import ServedCheckpoint, WeightsTimers
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
@@ -116,6 +120,7 @@ async def _load(
     await _admit(router, device, info)
     trainer_tokens = AccessToken.objects.filter(role=Role.TRAINER, revoked_at__isnull=True)
     limits = serving_limits(options, attachable=await trainer_tokens.aexists())
+    started = time.monotonic()
     try:
         loaded = await client.load(
             name,
@@ -132,6 +137,7 @@ async def _load(
         raise LoadFailed(
             f"loading {name!r} took longer than {settings.PANTHEON_LOAD_TIMEOUT_S:g} s", reason="load_timeout"
         ) from None
+    MODEL_LOAD.labels(name).observe(time.monotonic() - started)
     try:
         instance_id = await sync_to_async(_record_load)(name, info, request, options, loaded, limits, operator)
     except Exception as exc:
@@ -302,11 +308,13 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
             reason="already_attached",
         )
     await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.UNLOADING)
+    started = time.monotonic()
     try:
         reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
     except EngineError as exc:
         await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.READY)
         raise as_api_error(exc, failed=UnloadFailed) from exc
+    MODEL_UNLOAD.labels(name).observe(time.monotonic() - started)
     await sync_to_async(_record_unload)(name, placement.instance_id)
     result: dict[str, Any] = {"unloaded": name}
     if placement.instance_id is not None:

@@ -48,6 +48,7 @@ from inference.engine.contract.weights import (
     WeightsSnapshot,
     WeightsTimers,
 )
+from inference.engine.serving_metrics import ModelMetrics
 from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal
 from inference.engine.weights.barrier_transitions import SaveAndLoad
 
@@ -68,7 +69,9 @@ class WeightsBarrier(SaveAndLoad):
         *,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        metrics: ModelMetrics | None = None,
     ):
+        self.metrics = metrics  # what the worker records of the barrier (serving_metrics.py); None: nothing
         self.host = host
         self.timers = timers
         self.executor = executor
@@ -95,6 +98,17 @@ class WeightsBarrier(SaveAndLoad):
         self.manifest_hash: str | None = None
         self.parent: str | None = None  # the qualified name of the checkpoint the served weights descend from
         self.parent_step = 0  # that checkpoint's step (0: none), where a save's default step number continues
+
+    @property
+    def weights_state(self) -> str:
+        """clean, writing or torn (spec: "Weights"); every change goes through the setter, the gauge's one write."""
+        return self._weights_state
+
+    @weights_state.setter
+    def weights_state(self, state: str) -> None:
+        self._weights_state = state
+        if self.metrics is not None:
+            self.metrics.weights_state(state)
 
     def serve_checkpoint(self, checkpoint: ServedCheckpoint) -> None:
         """The weights were loaded from `checkpoint` (a trainer's save): they answer under its qualified name."""
@@ -231,6 +245,8 @@ class WeightsBarrier(SaveAndLoad):
         return BarrierAnswer(barrier=self.barrier, weights_state=self.weights_state)
 
     def _release_hold(self) -> None:
+        if self.metrics is not None and self.quiesced_at is not None:
+            self.metrics.hold_released(self.wall() - self.quiesced_at)
         self.barrier, self.quiesced_at, self.hold_deadline = "serving", None, None
         self.host.resume()
 
@@ -261,6 +277,8 @@ class WeightsBarrier(SaveAndLoad):
         self.steps_since_load += 1
         if self.commits is not None:
             self.commits += 1
+        if self.metrics is not None:
+            self.metrics.committed()
         if overran:
             self.last_overrun = {"at": self.wall(), "commit_ms": commit_ms}
         if self.barrier == "quiesced":

@@ -1,9 +1,10 @@
 """manage.py serve: the whole platform in the foreground — migrations, the workers, daphne, the catalogue's models.
 
 Daphne runs Twisted on an asyncio event loop; the worker supervisor, the engine client and every async view share
-that one loop, so a route awaits worker replies without a thread. Order: migrate, start the workers (before
-listening, so the first request finds them), listen, write the run file (`manage.py load_model` finds the server
-through it), then load the catalogue's autoload models in the background.
+that one loop, so a route awaits worker replies without a thread. Order: the metrics folder every process of the
+run writes to (pantheon_site/metrics_dir.py), migrate, start the workers (before listening, so the first request
+finds them), listen, write the run file (`manage.py load_model` finds the server through it), then load the
+catalogue's autoload models in the background.
 
 Ctrl-C or SIGTERM shuts down gracefully: new completions get 503 server_shutting_down (Retry-After: 1) while the
 ones in flight run to their end, for up to PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S; then daphne stops (requests still
@@ -25,6 +26,7 @@ from django.core.management.base import CommandError
 from inference.management.run_file import RunInfo, remove_run_file, write_run_file
 from inference.management.server_client import running_server
 from inference.runtime.host_probe import build_id
+from pantheon_site import metrics_dir
 from pantheon_site.local_credential import install_local_secret, new_admin_secret
 from pantheon_site.management.base import CommandResult, PantheonCommand
 
@@ -36,10 +38,17 @@ class Command(PantheonCommand):
         parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
 
-    def perform(self, *, host: str, port: int, **options) -> CommandResult:
+    def execute(self, *args, **options):
+        """Before Django's system checks, which import the URL configuration and with it prometheus_client: refuse a
+        second server (it would take over the first one's instance rows and metrics folder), then prepare this
+        run's metrics folder, which the workers inherit."""
         running = running_server()
-        if running is not None:  # a second server would take over the first one's instance rows
+        if running is not None:
             raise CommandError(f"a Pantheon server is already running at {running.url} (pid {running.pid})")
+        metrics_dir.prepare(settings.PANTHEON_RUN_DIR)
+        return super().execute(*args, **options)
+
+    def perform(self, *, host: str, port: int, **options) -> CommandResult:
         call_command("migrate", interactive=False, verbosity=0)
         # daphne.server installs Twisted's asyncio reactor when imported, so it is imported only here, first.
         from daphne.endpoints import build_endpoint_description_strings
