@@ -291,3 +291,8 @@ PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_
 # How many /v1/responses responses the control plane keeps in memory for previous_response_id and GET (the most
 # recently stored or used).
 PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
+
+# --- dashboard charts ---
+# How often `serve` samples its metrics into the dashboard's 15-minute history (inference/runtime/metrics_history.py);
+# the charts' resolution, and how often the dashboard polls them.
+PANTHEON_METRICS_HISTORY_INTERVAL_S = _env_float("PANTHEON_METRICS_HISTORY_INTERVAL_S", 5.0)
