@@ -38,12 +38,15 @@ class MetricsHistory:
         self._last: tuple[float, dict[str, Reading]] | None = None
 
     def record(self, families: Iterable[Metric], now: float) -> None:
-        """Adds the point of every model in `families`, read at wall time `now`, against the previous reading."""
+        """Adds the point of every model in `families`, read at wall time `now`, against the previous reading. A
+        model missing from that reading had no counter yet: they start at 0 (the run's metrics folder starts empty
+        when the history does), so its first tokens count in the interval they came in."""
         readings = metric_series.read(families)
-        before, previous = self._last or (now, {})
-        self._last = (now, readings)
-        points = {model: metric_series.point(previous.get(model), reading, now - before)
-                  for model, reading in readings.items()}  # fmt: skip
+        last, self._last = self._last, (now, readings)
+        points = {}
+        for model, reading in readings.items():
+            previous = last[1].get(model, Reading()) if last else None
+            points[model] = metric_series.point(previous, reading, now - last[0] if last else 0.0)
         self._points.append((now, points))
 
     def series(self, models: Iterable[str]) -> dict:

@@ -69,8 +69,17 @@ def test_gauges_are_the_values_at_each_sample_and_a_model_without_metrics_is_a_g
     series = kept.series(["gauges", "never-seen"])["models"]
     assert series["gauges"]["queue_depth"] == [None, 4.0, 0.0]
     assert series["gauges"]["kv_blocks_used"] == [None, 37.0, 37.0]
-    assert series["gauges"]["tokens_per_s"] == [None, None, 0.0]  # first seen at 5 s: a rate from 10 s on
+    assert series["gauges"]["tokens_per_s"] == [None, 0.0, 0.0]  # no reading before the first: no rate
     assert all(values == [None, None, None] for values in series["never-seen"].values())
+
+
+def test_a_model_first_seen_between_two_readings_counted_from_zero():
+    """A model loaded and used within one interval: its counters did not exist at the reading before."""
+    kept = history()
+    kept.record(collect_families(), now=0.0)
+    metrics.COMPLETION_TOKENS.labels(model="newcomer").inc(50)
+    kept.record(collect_families(), now=INTERVAL_S)
+    assert kept.series(["newcomer"])["models"]["newcomer"]["tokens_per_s"] == [None, 50 / INTERVAL_S]
 
 
 def test_the_history_keeps_the_window_and_drops_older_points():
