@@ -12,6 +12,7 @@ urlpatterns = [
     path("logout/", signin.sign_out, name="logout"),
     path("", dashboard.page, name="dashboard"),
     path("live/", dashboard.live, name="dashboard-live"),
+    path("charts/", dashboard.charts, name="dashboard-charts"),
     path("models/", models.page, name="models"),
     path("models/live/", models.live, name="models-live"),
     path("models/catalogue/", models.catalogue_save, name="catalogue-save"),

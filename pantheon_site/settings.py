@@ -302,9 +302,16 @@ PANTHEON_LOG_FORMAT = _env_str("PANTHEON_LOG_FORMAT", "plain").lower()
 PANTHEON_LOG_SENSITIVE = _env_bool("PANTHEON_LOG_SENSITIVE", False)
 LOGGING = logging_config(PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL)
 LOGGING_CONFIG = "inference.engine.contract.logs.configure"  # dictConfig, and Python's warnings through it
+
 # --- Metrics ---------------------------------------------------------------------------------------------------------
 
 # GET /metrics answers a scrape from a loopback address without a token (and without a database query); from any
 # other address it needs an operator token, as it always does with this off (turn it off behind a local reverse proxy,
 # which makes every client look local). docs/metrics.md
 PANTHEON_METRICS_OPEN_ON_LOOPBACK = _env_bool("PANTHEON_METRICS_OPEN_ON_LOOPBACK", True)
+
+# --- dashboard charts ---------------------------------------------------------------------------------------------
+
+# How often `serve` samples its metrics into the dashboard's 15-minute history (inference/runtime/metrics_history.py);
+# the charts' resolution, and how often the dashboard polls them.
+PANTHEON_METRICS_HISTORY_INTERVAL_S = _env_float("PANTHEON_METRICS_HISTORY_INTERVAL_S", 5.0)

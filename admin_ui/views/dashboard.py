@@ -1,5 +1,8 @@
-"""The dashboard: health, each device's memory, each served instance; its live part is a cheap partial the page
-polls (no database query: everything comes from the router and the workers' status replies)."""
+"""The dashboard: health, each device's memory, each served instance, and the last 15 minutes of each model in
+charts; its live part is a cheap partial the page polls, the charts a JSON of points it polls (no database query:
+everything comes from the router, the workers' status replies and the control plane's metrics history)."""
+
+from django.http import JsonResponse
 
 from admin_ui.views import common
 from inference.services import serving
@@ -21,3 +24,9 @@ async def page(request):
 
 async def live(request):
     return common.page(request, "admin_ui/dashboard_live.html", "dashboard", **await _snapshot())
+
+
+async def charts(request):
+    """The charts' points (inference/services/serving.py's chart_series), which admin_ui/static/admin_ui/charts.js
+    draws."""
+    return JsonResponse(serving.chart_series())

@@ -5,7 +5,8 @@ the engine client and the router the routes use; `autoload()` loads the catalogu
 `load_catalogued` its maker gives it: the services' load, which the runtime beneath them does not import);
 `stop()` ends the workers and records that nothing is served any more. Meanwhile a sync task keeps the Worker and
 ModelInstance rows in step with the supervisor (pid, state, restarts, heartbeats; instances reloading after a
-crash) and refreshes the catalogue names the router routes on. A worker crash is audited.
+crash) and refreshes the catalogue names the router routes on, and another samples the metrics into the dashboard's
+history (metrics_history.py). A worker crash is audited.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker, WorkerState
 from inference.runtime.client_protocol import install_client
+from inference.runtime.metrics_history import MetricsHistory, install_history
 from inference.runtime.router import ModelRouter, install_router
 from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
 from pantheon_site.audit import arecord_audit_event
 from pantheon_site.errors import PantheonError
+from pantheon_site.metrics import collect_families
 from pantheon_site.models import Outcome
 
 logger = logging.getLogger("pantheon.serve")
@@ -61,7 +65,9 @@ class ControlPlane:
         self.supervisor = WorkerSupervisor.from_settings(on_crash=self._on_crash)
         self.client = self.supervisor.client
         self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand)
+        self.history = MetricsHistory(settings.PANTHEON_METRICS_HISTORY_INTERVAL_S, collect_families)
         self._sync_task: asyncio.Task | None = None
+        self._history_task: asyncio.Task | None = None
         self._autoload_task: asyncio.Task | None = None
         self._workers: dict[str, WorkerRecord] = {}
         self._instances: dict[int, str] = {}  # instance id -> its placement's state at the last sync
@@ -74,9 +80,11 @@ class ControlPlane:
         await self.supervisor.start()
         install_client(self.client)
         install_router(self.router)
+        install_history(self.history)
         await self._sync_workers()
         await self._refresh_catalog()
         self._sync_task = asyncio.create_task(self._sync_forever(), name="control-plane-sync")
+        self._history_task = asyncio.create_task(self.history.run(), name="metrics-history")
 
     def start_autoload(self) -> None:
         """Loads the catalogue's autoload models in the background (the server answers meanwhile)."""
@@ -93,10 +101,11 @@ class ControlPlane:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks = [t for t in (self._autoload_task, self._sync_task) if t]
+        tasks = [t for t in (self._autoload_task, self._sync_task, self._history_task) if t]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        install_history(None)
         install_router(None)
         install_client(None)
         await self.supervisor.stop()

@@ -11,6 +11,7 @@ from typing import Any
 
 from inference.runtime.client_protocol import installed_client
 from inference.runtime.host_probe import backend, build_id, dies_visible
+from inference.runtime.metrics_history import installed_history
 from inference.runtime.router import ModelRouter, get_router, installed_router
 
 
@@ -53,3 +54,12 @@ async def device_rows(router: ModelRouter) -> list[dict[str, Any]]:
         }
         for status in statuses
     ]
+
+
+def chart_series() -> dict[str, Any]:
+    """The dashboard's charts: the last 15 minutes of each model the engine holds now (the history's JSON,
+    inference/runtime/metrics_history.py); no model and no points in a process that runs no engine."""
+    history, router = installed_history(), installed_router()
+    if history is None or router is None:
+        return {"interval_s": None, "window_s": None, "t": [], "models": {}}
+    return history.series(sorted(router.placements()))

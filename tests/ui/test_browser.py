@@ -33,6 +33,8 @@ expect.set_options(timeout=60_000)
 
 # A trainer that stops sending heartbeats goes stale this soon, so the weights test sees a stale attachment.
 HEARTBEAT_TIMEOUT_S = 1.0
+# The dashboard's charts get a point this often, so a few requests show within seconds.
+CHART_INTERVAL_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def server(start_server):
     return start_server(
         WEIGHTS_HEARTBEAT_TIMEOUT_S=str(HEARTBEAT_TIMEOUT_S),
         WEIGHTS_HEARTBEAT_INTERVAL_HINT_S=str(HEARTBEAT_TIMEOUT_S / 4),
+        PANTHEON_METRICS_HISTORY_INTERVAL_S=str(CHART_INTERVAL_S),
     )
 
 
@@ -110,6 +113,21 @@ def test_sign_in_shows_the_dashboard_which_follows_a_load_without_a_reload(page:
         expect(row).to_contain_text("512 / 512")  # the context window, served / configured
         expect(page.locator("#devices")).to_contain_text("tiny")
         shot(page, "dashboard")
+
+
+def test_the_dashboard_charts_each_served_model_live_from_its_metrics(page: Page, server, stories_gguf_path: Path):
+    load_from_catalogue(page, stories_gguf_path, "stories")
+    page.goto("/ui/")
+    charts = page.locator("#charts section.model-charts[data-model='stories']")
+    # one drawn chart each: tokens/s, TTFT p50/p99, queue depth, KV blocks in use, refusals/s
+    expect(charts.locator("figure.chart canvas")).to_have_count(5)
+    body = {"model": "stories", "messages": [{"role": "user", "content": "Once"}], "max_tokens": 32}
+    for _ in range(3):  # while the page is open: it shows them without a reload
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+    page.wait_for_function("() => window.pantheonCharts.get('stories').plots.tokens.data[1].some((v) => v > 0)")
+    assert page.evaluate("() => window.pantheonCharts.get('stories').plots.ttft.data[2].some((v) => v > 0)")  # p99
+    expect(charts.locator("[data-chart=tokens] .now")).to_contain_text(re.compile(r"now \d"))
+    shot(page, "dashboard-charts")
 
 
 def test_load_a_model_from_the_catalogue_and_see_it_ready(page: Page, stories_gguf_path: Path):
