@@ -7,7 +7,8 @@ from pantheon_site.errors import NotFound
 
 
 def only(method: str):
-    """Decorator for an async view that answers `method` only."""
+    """Decorator for an async view that answers `method` only (recorded as the view's `http_method`, which the
+    OpenAPI document reads: pantheon_site/openapi.py)."""
 
     def decorate(view):
         @functools.wraps(view)
@@ -16,6 +17,7 @@ def only(method: str):
                 raise NotFound()
             return await view(request, *args, **kwargs)
 
+        wrapper.http_method = method
         return wrapper
 
     return decorate
