@@ -23,7 +23,8 @@ def generated(tmp_path) -> str:
 def test_the_committed_document_is_what_the_code_generates(tmp_path):
     """Drift: a change to a route's description, body or answer shape without `manage.py spectacular --file
     docs/api/openapi.yaml` fails here."""
-    assert generated(tmp_path) == COMMITTED.read_text(), "regenerate: manage.py spectacular --file docs/api/openapi.yaml"
+    regenerate = "regenerate it: manage.py spectacular --file docs/api/openapi.yaml"
+    assert generated(tmp_path) == COMMITTED.read_text(), regenerate
 
 
 def _routes(patterns, prefix="/"):

@@ -79,7 +79,8 @@ describe(
     parameters=[MODEL_QUERY, *RESPONSE_HEADERS],
     responses={
         200: management_envelope(
-            "WeightsLineage", inline_serializer("Lineage", {"chain": serializers.ListField(child=serializers.DictField())})
+            "WeightsLineage",
+            inline_serializer("Lineage", {"chain": serializers.ListField(child=serializers.DictField())}),
         ),
         **OPEN_ERRORS,
     },

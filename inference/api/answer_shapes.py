@@ -8,7 +8,7 @@ answer of a running server against them (tests/inference/test_fuzz_api.py), so a
 
 from rest_framework import serializers
 
-S, I, F, B, J = (
+Text, Int, Float, Bool, Json = (
     serializers.CharField,
     serializers.IntegerField,
     serializers.FloatField,
@@ -23,26 +23,26 @@ S, I, F, B, J = (
 class HealthSerializer(serializers.Serializer):
     """What this server is: always 200."""
 
-    service = S()
-    status = S()
-    backend = S(help_text="cuda or cpu: what this process can run on")
-    build = S(help_text="The commit this tree was built from (-dirty when not clean), or unknown")
-    accelerator = B()
-    dies_visible = I()
+    service = Text()
+    status = Text()
+    backend = Text(help_text="cuda or cpu: what this process can run on")
+    build = Text(help_text="The commit this tree was built from (-dirty when not clean), or unknown")
+    accelerator = Bool()
+    dies_visible = Int()
 
 
 class ModelHealthSerializer(serializers.Serializer):
-    name = S()
-    state = S()
-    kernels = serializers.ListField(child=S(), required=False)
-    load_progress = J(required=False)
+    name = Text()
+    state = Text()
+    kernels = serializers.ListField(child=Text(), required=False)
+    load_progress = Json(required=False)
 
 
 class HealthDetailedSerializer(HealthSerializer):
     """GET /'s fields, every served model's name and state, and the sections the apps add (`weights`)."""
 
     models = ModelHealthSerializer(many=True)
-    weights = J(required=False)
+    weights = Json(required=False)
 
 
 # -- /v1 -----------------------------------------------------------------------------------------------------------
@@ -51,140 +51,140 @@ class HealthDetailedSerializer(HealthSerializer):
 class ModelRowSerializer(serializers.Serializer):
     """One served name (deduplicated)."""
 
-    id = S()
-    object = S()
-    created = I()
-    owned_by = S()
-    max_sessions = I(required=False)
-    max_concurrent = I(help_text="What the model decodes at once (served, not configured)", required=False)
-    context_window = I(help_text="The effective window; omitted when unknown", required=False)
-    tool_choice_required_with_thinking = B(required=False)
+    id = Text()
+    object = Text()
+    created = Int()
+    owned_by = Text()
+    max_sessions = Int(required=False)
+    max_concurrent = Int(help_text="What the model decodes at once (served, not configured)", required=False)
+    context_window = Int(help_text="The effective window; omitted when unknown", required=False)
+    tool_choice_required_with_thinking = Bool(required=False)
 
 
 class ModelListSerializer(serializers.Serializer):
-    object = S()
-    backend = S()
-    build = S()
+    object = Text()
+    backend = Text()
+    build = Text()
     data = ModelRowSerializer(many=True)
 
 
 class CachedTokensSerializer(serializers.Serializer):
-    cached_tokens = I()
+    cached_tokens = Int()
 
 
 class UsageSerializer(serializers.Serializer):
-    prompt_tokens = I()
-    completion_tokens = I()
-    total_tokens = I()
+    prompt_tokens = Int()
+    completion_tokens = Int()
+    total_tokens = Int()
     prompt_tokens_details = CachedTokensSerializer()
 
 
 class ChatUsageSerializer(UsageSerializer):
-    kv_used = I()
-    kv_cap = I(help_text="The effective window, the same number /v1/models advertises as context_window")
-    session_conflict = B(required=False)
+    kv_used = Int()
+    kv_cap = Int(help_text="The effective window, the same number /v1/models advertises as context_window")
+    session_conflict = Bool(required=False)
 
 
 class ChatMessageSerializer(serializers.Serializer):
-    role = S()
-    content = S(allow_null=True)
-    reasoning_content = S(required=False)
-    tool_calls = serializers.ListField(child=J(), required=False)
+    role = Text()
+    content = Text(allow_null=True)
+    reasoning_content = Text(required=False)
+    tool_calls = serializers.ListField(child=Json(), required=False)
 
 
 class ChatChoiceSerializer(serializers.Serializer):
-    index = I()
+    index = Int()
     message = ChatMessageSerializer()
-    finish_reason = S(allow_null=True)
-    logprobs = J(required=False)
-    tool_call_error = J(required=False)
+    finish_reason = Text(allow_null=True)
+    logprobs = Json(required=False)
+    tool_call_error = Json(required=False)
 
 
 class ChatCompletionSerializer(serializers.Serializer):
     """A chat.completion (stream: false)."""
 
-    id = S()
-    object = S()
-    created = I()
-    model = S()
-    n_status = S(required=False)
+    id = Text()
+    object = Text()
+    created = Int()
+    model = Text()
+    n_status = Text(required=False)
     choices = ChatChoiceSerializer(many=True)
     usage = ChatUsageSerializer()
-    response_format_status = S(required=False)
+    response_format_status = Text(required=False)
 
 
 class TextChoiceSerializer(serializers.Serializer):
-    index = I()
-    text = S()
-    logprobs = J(allow_null=True)
-    finish_reason = S(allow_null=True)
+    index = Int()
+    text = Text()
+    logprobs = Json(allow_null=True)
+    finish_reason = Text(allow_null=True)
 
 
 class TextCompletionSerializer(serializers.Serializer):
     """A text_completion (stream: false)."""
 
-    id = S()
-    object = S()
-    created = I()
-    model = S()
-    n_status = S(required=False)
+    id = Text()
+    object = Text()
+    created = Int()
+    model = Text()
+    n_status = Text(required=False)
     choices = TextChoiceSerializer(many=True)
     usage = UsageSerializer()
 
 
 class EmbeddingSerializer(serializers.Serializer):
-    object = S()
-    index = I()
-    embedding = J(help_text="An array of floats, or base64 with encoding_format base64")
+    object = Text()
+    index = Int()
+    embedding = Json(help_text="An array of floats, or base64 with encoding_format base64")
 
 
 class EmbeddingUsageSerializer(serializers.Serializer):
-    prompt_tokens = I()
-    total_tokens = I()
+    prompt_tokens = Int()
+    total_tokens = Int()
 
 
 class EmbeddingListSerializer(serializers.Serializer):
-    object = S()
+    object = Text()
     data = EmbeddingSerializer(many=True)
-    model = S()
+    model = Text()
     usage = EmbeddingUsageSerializer()
 
 
 class ResponseRequestSerializer(serializers.Serializer):
     """POST /v1/responses: OpenAI's Responses request, run as a chat completion of the same fields."""
 
-    model = S(allow_blank=True, allow_null=True, required=False)
-    input = J(help_text="A string, or an array of input items (messages, function calls and outputs)", required=False)
-    instructions = S(allow_null=True, allow_blank=True, required=False)
-    previous_response_id = S(allow_null=True, required=False)
-    max_output_tokens = I(allow_null=True, required=False)
-    temperature = F(allow_null=True, required=False)
-    top_p = F(allow_null=True, required=False)
-    seed = I(allow_null=True, required=False)
-    stream = B(allow_null=True, required=False)
-    store = B(allow_null=True, required=False)
-    tools = serializers.ListField(child=J(), allow_null=True, required=False)
-    tool_choice = J(allow_null=True, required=False)
-    text = J(allow_null=True, required=False)
-    metadata = J(allow_null=True, required=False)
+    model = Text(allow_blank=True, allow_null=True, required=False)
+    input = Json(required=False, help_text="A string, or an array of input items (messages, function calls, outputs)")
+    instructions = Text(allow_null=True, allow_blank=True, required=False)
+    previous_response_id = Text(allow_null=True, required=False)
+    max_output_tokens = Int(allow_null=True, required=False)
+    temperature = Float(allow_null=True, required=False)
+    top_p = Float(allow_null=True, required=False)
+    seed = Int(allow_null=True, required=False)
+    stream = Bool(allow_null=True, required=False)
+    store = Bool(allow_null=True, required=False)
+    tools = serializers.ListField(child=Json(), allow_null=True, required=False)
+    tool_choice = Json(allow_null=True, required=False)
+    text = Json(allow_null=True, required=False)
+    metadata = Json(allow_null=True, required=False)
 
 
 class ResponseSerializer(serializers.Serializer):
     """A Responses `response` object."""
 
-    id = S()
-    object = S()
-    created_at = I()
-    status = S()
-    model = S()
-    output = serializers.ListField(child=J())
-    usage = J(allow_null=True)
+    id = Text()
+    object = Text()
+    created_at = Int()
+    status = Text()
+    model = Text()
+    output = serializers.ListField(child=Json())
+    usage = Json(allow_null=True)
 
 
 class ResponseDeletedSerializer(serializers.Serializer):
-    id = S()
-    object = S()
-    deleted = B()
+    id = Text()
+    object = Text()
+    deleted = Bool()
 
 
 # -- /admin --------------------------------------------------------------------------------------------------------
@@ -194,96 +194,96 @@ class AdminModelSerializer(serializers.Serializer):
     """One live instance (GET /admin/models' row, POST /admin/models/load's answer); keys without a value are left
     out (the engine's details are known once the load finished)."""
 
-    id = S()
-    object = S()
-    instance_id = I(required=False)
-    state = S()
-    path = S()
-    device = S()
-    dies = serializers.ListField(child=I(), required=False)
-    format = S(required=False)
-    architecture = S(required=False)
-    dtype = S(required=False)
-    vram_bytes = I(required=False)
-    max_sessions = I(required=False)
-    max_concurrent = I(required=False)
-    max_concurrent_configured = I(required=False)
-    context_window = I(required=False)
-    context_window_configured = I(required=False)
-    live = J(required=False)
+    id = Text()
+    object = Text()
+    instance_id = Int(required=False)
+    state = Text()
+    path = Text()
+    device = Text()
+    dies = serializers.ListField(child=Int(), required=False)
+    format = Text(required=False)
+    architecture = Text(required=False)
+    dtype = Text(required=False)
+    vram_bytes = Int(required=False)
+    max_sessions = Int(required=False)
+    max_concurrent = Int(required=False)
+    max_concurrent_configured = Int(required=False)
+    context_window = Int(required=False)
+    context_window_configured = Int(required=False)
+    live = Json(required=False)
 
 
 class AdminModelListSerializer(serializers.Serializer):
-    object = S()
+    object = Text()
     data = AdminModelSerializer(many=True)
 
 
 class UnloadedSerializer(serializers.Serializer):
-    unloaded = S(help_text="The served name unloaded")
+    unloaded = Text(help_text="The served name unloaded")
 
 
 class DieSerializer(serializers.Serializer):
-    die = I()
-    card = I()
-    model = S(allow_blank=True)
-    n_models = I()
-    vram_budget = I()
-    vram_used = I()
+    die = Int()
+    card = Int()
+    model = Text(allow_blank=True)
+    n_models = Int()
+    vram_budget = Int()
+    vram_used = Int()
 
 
 class DieListSerializer(serializers.Serializer):
-    object = S()
-    n_dies = I()
+    object = Text()
+    n_dies = Int()
     data = DieSerializer(many=True)
 
 
 class SessionRowSerializer(serializers.Serializer):
-    session_id = S()
-    conversations = I()
-    tokens = I()
-    idle_seconds = F()
-    last_used_at = I()
-    watched = B()
-    busy = B()
+    session_id = Text()
+    conversations = Int()
+    tokens = Int()
+    idle_seconds = Float()
+    last_used_at = Int()
+    watched = Bool()
+    busy = Bool()
 
 
 class SessionListSerializer(serializers.Serializer):
-    object = S()
-    model = S()
+    object = Text()
+    model = Text()
     data = SessionRowSerializer(many=True)
 
 
 class SessionExportSerializer(serializers.Serializer):
     """A session's state; `tokens` must be sent back with `blob_b64` on restore."""
 
-    session_id = S()
-    weights_version = I()
-    n_tok = I()
-    blob_bytes = I()
-    blob_b64 = S()
-    tokens = serializers.ListField(child=I())
+    session_id = Text()
+    weights_version = Int()
+    n_tok = Int()
+    blob_bytes = Int()
+    blob_b64 = Text()
+    tokens = serializers.ListField(child=Int())
 
 
 # -- /session ------------------------------------------------------------------------------------------------------
 
 
 class RestoredSerializer(serializers.Serializer):
-    restored = B()
-    session_id = S()
-    n_tok = I()
+    restored = Bool()
+    session_id = Text()
+    n_tok = Int()
 
 
 class ReleasedSerializer(serializers.Serializer):
     """Idempotent: an unknown or already freed session is released too."""
 
-    released = B()
-    session_id = S()
+    released = Bool()
+    session_id = Text()
 
 
 class EstimateSerializer(serializers.Serializer):
-    model = S(allow_blank=True, help_text='"" when `name` is not served')
-    tokens = I()
-    prefill_tok_per_s = F()
-    cold_reprefill_s = F()
-    warm_restore_s = F()
-    blob_bytes_est = I()
+    model = Text(allow_blank=True, help_text='"" when `name` is not served')
+    tokens = Int()
+    prefill_tok_per_s = Float()
+    cold_reprefill_s = Float()
+    warm_restore_s = Float()
+    blob_bytes_est = Int()

@@ -85,7 +85,7 @@ def _read_report(report: Path, run: FuzzRun) -> None:
     operations = set()
     for line in report.read_text().splitlines():
         event = json.loads(line)
-        for kind, body in event.items():
+        for body in event.values():
             recorder = body.get("recorder") if isinstance(body, dict) else None
             if not recorder:
                 continue
