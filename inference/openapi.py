@@ -15,13 +15,17 @@ from inference.api.chat_requests import ChatCompletionSerializer
 from inference.api.completion_requests import CompletionSerializer, EmbeddingSerializer
 from inference.api.serializers import SESSION_HEADER, UnloadModelSerializer
 from inference.api.session_requests import SessionEstimateSerializer, SessionRestoreSerializer, SessionTargetSerializer
+from inference.engine.contract.params import TOKEN_ID_LIMIT
 from inference.services.load_body import LoadModelSerializer
+from inference.services.session_export import SESSION_ID_MAX_CHARS
 from pantheon_site.openapi import BEARER, BEARER_OR_NONE, RESPONSE_HEADERS, describe, errors
 
 # -- the body fields the views' serializers read by hand ----------------------------------------------------------
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
-TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": TOKEN_ID_LIMIT - 1}, "minItems": 1}
+# A session key: 1 to SESSION_ID_MAX_CHARS printable characters (session_export.session_id_error).
+SESSION_ID = {"type": "string", "minLength": 1, "maxLength": SESSION_ID_MAX_CHARS, "pattern": r"^[^\x00-\x1f\x7f]*$"}
 
 
 class _Field(OpenApiSerializerFieldExtension):
@@ -64,7 +68,7 @@ class PromptFieldSchema(_Field):
 
 class SessionIdFieldSchema(_Field):
     target_class = "inference.api.serializers.SessionIdField"
-    schema = {"type": "string", "nullable": True, "minLength": 1, "maxLength": 256}
+    schema = {**SESSION_ID, "nullable": True}
 
 
 class TokenListFieldSchema(_Field):
@@ -79,7 +83,7 @@ JSON_OR_SSE = {
     (200, "text/event-stream"): OpenApiResponse(str, description="With stream: true, server-sent events"),
 }
 SESSION_ID_HEADER = OpenApiParameter(
-    SESSION_HEADER, str, OpenApiParameter.HEADER, description="The session key when the body names none"
+    SESSION_HEADER, SESSION_ID, OpenApiParameter.HEADER, description="The session key when the body names none"
 )
 GENERATION_ERRORS = errors(400, 401, 404, 409, 413, 422, 429, 500, 503)
 
@@ -136,7 +140,7 @@ describe(
     tags=["v1"],
 )
 
-OPERATOR_ERRORS = errors(401, 403, 500)
+OPERATOR_ERRORS = errors(401, 403, 500, 503)
 describe(
     admin.list_instances,
     responses={200: answers.AdminModelListSerializer, **OPERATOR_ERRORS},
