@@ -1,9 +1,9 @@
 """The OpenAPI description of the serving control plane's routes (inference/urls.py): /, /v1, /admin and /session.
 
 pantheon_site/openapi.py finds this module when it generates the document (docs/api/openapi.yaml). The request
-bodies are the serializers the views validate with; the answers' shapes are inference/api/answer_shapes.py, in
-the shapes pantheon-http-api.md and docs/api/ give; the errors in the OpenAI envelope, with the statuses of the
-spec's tables (docs/api/errors.md).
+bodies are the serializers the views validate with, and the fields those read by hand get their JSON Schema from the
+extensions below. The answers are inference/api/answer_shapes.py, in the shapes that pantheon-http-api.md and
+docs/api/ give. The errors are in the OpenAI envelope, with the statuses of the spec's tables (docs/api/errors.md).
 """
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -105,7 +105,7 @@ describe(
 for view, request, answer in (
     (openai.chat_completions, ChatCompletionSerializer, answers.ChatCompletionSerializer),
     (completions.completions, CompletionSerializer, answers.TextCompletionSerializer),
-    (responses.create, answers.ResponseRequestSerializer, answers.ResponseSerializer),
+    (responses.create, answers.CreateResponseSerializer, answers.ResponseSerializer),
 ):
     describe(
         view,

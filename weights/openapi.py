@@ -58,7 +58,7 @@ for view, (answer, fields) in HOLDER_CALLS.items():
     name = view.__name__.title().replace("_", "")
     describe(
         view,
-        request=inline_serializer(f"Weights{name}Request", {**MODEL_FIELD, **fields}),
+        request=inline_serializer(f"Weights{name}", {**MODEL_FIELD, **fields}),
         parameters=[ATTACHMENT, MODEL_QUERY, *RESPONSE_HEADERS],
         responses={200: _data(f"Weights{name}", answer), **GATED_ERRORS},
         auth=BEARER,

@@ -150,7 +150,7 @@ class EmbeddingListSerializer(serializers.Serializer):
     usage = EmbeddingUsageSerializer()
 
 
-class ResponseRequestSerializer(serializers.Serializer):
+class CreateResponseSerializer(serializers.Serializer):
     """POST /v1/responses: OpenAI's Responses request, run as a chat completion of the same fields."""
 
     model = Text(allow_blank=True, allow_null=True, required=False)
