@@ -11,7 +11,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITTED = REPO / "docs" / "api" / "openapi.yaml"
-NOT_JSON = ("/ui/", "/api/schema/")  # the UI's HTML pages; the document itself
+# The UI's HTML pages; the document itself; Prometheus's text exposition for a scraper (docs/api/openapi.md).
+NOT_JSON = ("/ui/", "/api/schema/", "/metrics")
 
 
 def generated(tmp_path) -> str:
