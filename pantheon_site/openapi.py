@@ -3,7 +3,7 @@
 The routes are plain async Django views, not DRF views (the /v1 path stays async and free of DRF's per-request
 machinery), so drf-spectacular would skip them. `RouteSchemaGenerator` enumerates them all the same: a view that an
 app described with `describe()` (the app's openapi.py, found like admin.py is, by autodiscovery) is handed to
-drf-spectacular as a schema-only APIView whose one method carries that description through `extend_schema`. Nothing
+drf-spectacular as a schema-only APIView whose method carries that description through `extend_schema`. Nothing
 serves through that stand-in; it exists while the document is generated. A route nobody described is left out, and
 tests/test_openapi.py fails on it (every route but the UI's HTML must be in the document).
 
@@ -14,7 +14,6 @@ headers the spec gives them (Retry-After, WWW-Authenticate). The document is doc
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
@@ -37,18 +36,21 @@ def describe(view, method: str | None = None, **operation: Any):
 
 
 def _stand_in(view):
-    """A schema-only APIView for a described plain view: its one method carries the view's description and
+    """A schema-only APIView for a described plain view: each described method carries the view's description and
     docstring, so drf-spectacular reads it as it reads any DRF view."""
-
-    def handler(self, request, *args, **kwargs):  # never called: the URL conf routes to `view` itself
-        raise NotImplementedError
-
-    handler.__doc__ = view.__doc__
     handlers = {
-        method.lower(): extend_schema(**operation)(functools.wraps(handler)(lambda *a, **k: handler(*a, **k)))
+        method.lower(): extend_schema(**operation)(_unserved_method(view.__doc__))
         for method, operation in view.openapi_operations.items()
     }
     return type(view.__name__, (APIView,), {**handlers, "__module__": view.__module__}).as_view()
+
+
+def _unserved_method(doc: str | None):
+    def method(self, request, *args, **kwargs):
+        raise NotImplementedError("a schema-only stand-in: the URL conf routes to the view itself")
+
+    method.__doc__ = doc
+    return method
 
 
 class RouteEnumerator(EndpointEnumerator):
