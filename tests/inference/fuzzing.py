@@ -59,7 +59,8 @@ def fuzz(base_url: str, token: str, *, max_examples: int, seed: int | None = Non
     with tempfile.TemporaryDirectory(prefix="pantheon-fuzz-") as report_dir:
         report = Path(report_dir) / "events.ndjson"
         env = {**os.environ, "PANTHEON_FUZZ_TOKEN": token}
-        done = subprocess.run(_command(base_url, report, max_examples, seed), env=env, capture_output=True, text=True)
+        command = _command(base_url, report, max_examples, seed)  # run in the temporary folder: it keeps a cache there
+        done = subprocess.run(command, cwd=report_dir, env=env, capture_output=True, text=True)
         run = FuzzRun(exit_code=done.returncode, output=done.stdout + done.stderr)
         _read_report(report, run)
     return run
