@@ -8,7 +8,8 @@ from pantheon_site.errors import NotFound
 
 def only(method: str):
     """Decorator for an async view that answers `method` only; the view says so in `http_methods`, which the route
-    table's tests read (tests/test_route_guards.py: a state-changing route needs a token)."""
+    table's tests (tests/test_route_guards.py: a state-changing route needs a token) and the OpenAPI document
+    (pantheon_site/openapi.py) read."""
 
     def decorate(view):
         @functools.wraps(view)

@@ -315,3 +315,28 @@ PANTHEON_METRICS_OPEN_ON_LOOPBACK = _env_bool("PANTHEON_METRICS_OPEN_ON_LOOPBACK
 # How often `serve` samples its metrics into the dashboard's 15-minute history (inference/runtime/metrics_history.py);
 # the charts' resolution, and how often the dashboard polls them.
 PANTHEON_METRICS_HISTORY_INTERVAL_S = _env_float("PANTHEON_METRICS_HISTORY_INTERVAL_S", 5.0)
+
+# --- OpenAPI schema (drf-spectacular; pantheon_site/openapi.py) ---
+# The routes are plain async views: pantheon_site/openapi.py enumerates them from the URL conf and each app's
+# openapi.py describes them. GET /api/schema/ serves the document, open like vLLM's /openapi.json (it is the
+# contract a client may read, and docs/api/openapi.yaml holds the same text).
+INSTALLED_APPS.append("drf_spectacular")
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "drf_spectacular.openapi.AutoSchema"
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Pantheon HTTP API",
+    "DESCRIPTION": "The OpenAI-compatible routes (/v1), the operator routes (/admin), the session routes (/session), "
+    "health (/), and the weights management routes (/api/weights). Generated from the code by drf-spectacular; "
+    "docs/api/ explains the choices.",
+    "VERSION": "1",
+    "DEFAULT_GENERATOR_CLASS": "pantheon_site.openapi.RouteSchemaGenerator",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SORT_OPERATIONS": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_GENERATE_CHOICE_DESCRIPTION": False,
+    "ENUM_NAME_OVERRIDES": {"TensorDtypeEnum": ["bfloat16", "float16", "float32"]},  # dtype and kv_dtype share it
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "A Pantheon token"}}
+    },
+}

@@ -1,6 +1,7 @@
 """URL routes. Any path not listed answers 404 not_found "unknown route" in the spec's envelope (handler404)."""
 
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
 
 from pantheon_site.metrics_route import metrics_view
 
@@ -11,6 +12,8 @@ urlpatterns = [
     path("", include("weights.urls")),
     path("ui/", include("admin_ui.urls")),
     path("metrics", metrics_view),
+    # The OpenAPI document of the routes above (pantheon_site/openapi.py), open like vLLM's /openapi.json.
+    path("api/schema/", SpectacularAPIView.as_view(), name="openapi-schema"),
 ]
 
 handler400 = "pantheon_site.errors.handler400"

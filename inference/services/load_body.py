@@ -13,6 +13,9 @@ from inference.engine.contract.params import LoadOptions
 from pantheon_site.errors import as_pantheon_error
 
 MAX_DIES = 8
+# The largest count a load may name: no window, session count or budget comes near it, and the protocol's integers
+# are 64-bit, so a larger one could not even reach the worker (it failed the load with a 500).
+COUNT_LIMIT = 2**31 - 1
 
 
 class NonNegativeIntegerField(serializers.IntegerField):
@@ -30,7 +33,7 @@ def _load_option_field(option: msgspec.inspect.Field) -> serializers.Field:
     if isinstance(kind, msgspec.inspect.BoolType):
         return serializers.BooleanField(required=False)
     if isinstance(kind, msgspec.inspect.IntType):
-        return NonNegativeIntegerField(required=False)
+        return NonNegativeIntegerField(required=False, max_value=COUNT_LIMIT)
     if isinstance(kind, msgspec.inspect.LiteralType):
         return serializers.ChoiceField(choices=kind.values, required=False)
     raise TypeError(f"LoadOptions.{option.name}: no body field for {kind!r}")
@@ -43,7 +46,9 @@ class LoadModelSerializer(serializers.Serializer):
 
     path = serializers.CharField()
     name = serializers.CharField(required=False, max_length=200)
-    dies = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False, max_length=MAX_DIES)
+    dies = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=COUNT_LIMIT), required=False, max_length=MAX_DIES
+    )
     device = serializers.RegexField(r"^(cpu|cuda:\d+)$", required=False)
 
     def get_fields(self):

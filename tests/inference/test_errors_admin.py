@@ -79,6 +79,26 @@ def test_load_invalid_request(api, stories, body):
     assert state(api) == before
 
 
+@pytest.mark.parametrize("field", ["ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget", "dies"])
+def test_load_with_a_count_too_large_for_the_wire_is_400_naming_it(api, stories, stories_hf_dir, field):
+    """A count past 2^31 - 1 (found by fuzzing: past 2^64 it could not be encoded for the worker, a 500)."""
+    before = state(api)
+    huge = 2**70
+    body = {"path": str(stories_hf_dir), "name": "big", field: [huge] if field == "dies" else huge}
+    error = assert_refused(api.post("/admin/models/load", json=body), 400, "invalid_request_error", "model_load")
+    assert error["message"].startswith(field)
+    assert state(api) == before
+
+
+def test_load_from_the_home_of_a_user_who_does_not_exist_is_404(api, stories):
+    """`~user/...` with no such user (found by fuzzing: pathlib's RuntimeError was a 500)."""
+    before = state(api)
+    response = api.post("/admin/models/load", json={"path": "~no-such-user-here/m.gguf"})
+    error = assert_refused(response, 404, "load_failed", "model_load")
+    assert "home directory" in error["message"]
+    assert state(api) == before
+
+
 def test_load_with_dies_on_a_host_without_them_is_400(api, stories, stories_gguf_path):
     before = state(api)
     visible = api.get("/").json()["dies_visible"]

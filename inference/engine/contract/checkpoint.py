@@ -55,9 +55,18 @@ class Checkpoint:
 def checkpoint_format(path: str | Path) -> Format:
     """ "hf" for a directory with a config.json, "gguf" for a .gguf file; NotACheckpoint for anything else."""
     try:
-        return _sniff(Path(path).expanduser(), path)
+        return _sniff(_expanded(path), path)
     except OSError as exc:  # pathlib's tests raise what is not "no such file": a name too long, no permission
         raise NotACheckpoint(path, "unreadable", f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _expanded(path: str | Path) -> Path:
+    """`path` with a leading ~ or ~user expanded; NotACheckpoint not_found when there is no such home directory
+    (pathlib raises RuntimeError for `~nobody-here`)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise NotACheckpoint(path, "not_found", "no such user's home directory") from None
 
 
 def _sniff(found: Path, path: str | Path) -> Format:
@@ -75,7 +84,7 @@ def _sniff(found: Path, path: str | Path) -> Format:
 def inspect_checkpoint(path: str | Path) -> Checkpoint:
     """The checkpoint at `path`: its format (checkpoint_format), resolved path, architecture and size on disk."""
     fmt = checkpoint_format(path)
-    resolved = Path(path).expanduser().resolve()
+    resolved = _expanded(path).resolve()
     try:
         if fmt == "hf":
             size = sum(f.stat().st_size for f in resolved.iterdir() if f.suffix in WEIGHT_SUFFIXES)
