@@ -97,7 +97,7 @@ describe(health.health_detailed, responses={200: answers.HealthDetailedSerialize
 
 describe(
     openai.list_models,
-    responses={200: answers.ModelListSerializer, **errors(401)},
+    responses={200: answers.ModelListSerializer, **errors(401, 429)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
@@ -126,7 +126,7 @@ describe(
 describe(
     responses.stored,
     method="GET",
-    responses={200: answers.ResponseSerializer, **errors(401, 404)},
+    responses={200: answers.ResponseSerializer, **errors(401, 404, 429)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
@@ -134,13 +134,13 @@ describe(
 describe(
     responses.stored,
     method="DELETE",
-    responses={200: answers.ResponseDeletedSerializer, **errors(401, 404)},
+    responses={200: answers.ResponseDeletedSerializer, **errors(401, 404, 429)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
 )
 
-OPERATOR_ERRORS = errors(401, 403, 500, 503)
+OPERATOR_ERRORS = errors(401, 403, 429, 500, 503)
 describe(
     admin.list_instances,
     responses={200: answers.AdminModelListSerializer, **OPERATOR_ERRORS},
@@ -151,7 +151,7 @@ describe(
 describe(
     admin.load,
     request=LoadModelSerializer,
-    responses={200: answers.AdminModelSerializer, **errors(400, 401, 403, 404, 409, 413, 500, 503, 507)},
+    responses={200: answers.AdminModelSerializer, **errors(400, 401, 403, 404, 409, 413, 429, 500, 503, 507)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER,
     tags=["admin"],
@@ -159,7 +159,7 @@ describe(
 describe(
     admin.unload,
     request=UnloadModelSerializer,
-    responses={200: answers.UnloadedSerializer, **errors(400, 401, 403, 404, 409, 413, 500, 503)},
+    responses={200: answers.UnloadedSerializer, **errors(400, 401, 403, 404, 409, 413, 429, 500, 503)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER,
     tags=["admin"],
@@ -174,7 +174,7 @@ describe(
 describe(
     sessions.list_sessions,
     parameters=[OpenApiParameter("name", str, description="The model (absent: the default)"), *RESPONSE_HEADERS],
-    responses={200: answers.SessionListSerializer, **errors(400, 401, 403, 404, 500, 503)},
+    responses={200: answers.SessionListSerializer, **errors(400, 401, 403, 404, 429, 500, 503)},
     auth=BEARER,
     tags=["admin"],
 )

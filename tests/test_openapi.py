@@ -83,6 +83,18 @@ def test_operator_routes_need_a_token_and_client_routes_take_one(document):
                 assert security == [{"bearer": []}, {}], path
 
 
+def test_every_route_that_takes_a_token_documents_the_rate_limit(document):
+    """PANTHEON_RATE_LIMIT_PER_MINUTE counts every call that presents a token (pantheon_site/rate_limit.py): each
+    such route may answer 429 with Retry-After."""
+    missing = [
+        (method, path)
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        if {"bearer": []} in operation.get("security", []) and "429" not in operation["responses"]
+    ]
+    assert missing == []
+
+
 def test_the_document_is_served_without_a_token(document):
     """GET /api/schema/ answers the committed document (JSON on ?format=json), open like vLLM's /openapi.json."""
     as_yaml = Client().get("/api/schema/")

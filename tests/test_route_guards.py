@@ -2,11 +2,11 @@
 token), found by walking the URL configuration rather than listed by hand: a route added without a check fails here.
 
 A route is state-changing for every method other than GET, HEAD and OPTIONS that it accepts: the methods its
-`pantheon_site.methods.only` declares (`http_methods`), or every one for a view that declares none. Each is called on
-a running server with a model loaded, with no token, with a local `manage.py` credential that is not the server's,
-and with a token of every role the route's family does not admit, and must be refused (401, 403; the UI's sign-in
-page or its CSRF refusal) in the route's envelope, while the database and the served models stay as they were and
-every audit event written is a refusal.
+`pantheon_site.methods.only` declares (`http_methods`), a DRF view's handlers, or every one for a view that declares
+none. Each is called on a running server with a model loaded, with no token, with a local `manage.py` credential that
+is not the server's, and with a token of every role the route's family does not admit, and must be refused (401, 403;
+the UI's sign-in page or its CSRF refusal) in the route's envelope, while the database and the served models stay as
+they were and every audit event written is a refusal.
 """
 
 from __future__ import annotations
@@ -81,7 +81,10 @@ def concrete(route: str) -> str:
 
 
 def unsafe_methods(view) -> list[str]:
+    """The unsafe methods `view` accepts: those it declares (`only`), a DRF view's handlers, else all of them."""
     declared = getattr(view, "http_methods", None)
+    if declared is None and hasattr(view, "cls"):  # a DRF APIView (the OpenAPI document's): the methods it handles
+        declared = {m.upper() for m in view.cls.http_method_names if hasattr(view.cls, m)}
     return [m for m in UNSAFE_METHODS if declared is None or m in declared]
 
 

@@ -20,7 +20,7 @@ ATTACHMENT = OpenApiParameter(
 MODEL_QUERY = OpenApiParameter("model", str, description="The served model (absent: the default)")
 MODEL_FIELD = {"model": serializers.CharField(required=False, allow_null=True, help_text="absent: the default")}
 CHECKPOINT = serializers.JSONField(required=False, help_text="A checkpoint's qualified name, id or directory")
-GATED_ERRORS = errors(400, 401, 403, 404, 409, 413, 500, 503, management=True)
+GATED_ERRORS = errors(400, 401, 403, 404, 409, 413, 429, 500, 503, management=True)
 OPEN_ERRORS = errors(400, 404, 500, 503, management=True)
 
 
