@@ -15,7 +15,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.middleware import clickjacking, security
 from django.utils.deprecation import MiddlewareMixin
 
-from pantheon_site.errors import PantheonError, render_error
+from pantheon_site.errors import PantheonError, database_unavailable, render_error, unavailable_response
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _ACCEPTABLE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
@@ -56,11 +56,14 @@ class RequestIdMiddleware:
 
 
 class ErrorEnvelopeMiddleware(MiddlewareMixin):
-    """A view (sync or async) may simply raise a PantheonError; this renders it. Other exceptions reach handler500."""
+    """A view (sync or async) may simply raise a PantheonError; this renders it, and a database that cannot be reached
+    as 503 (errors.unavailable_response). Other exceptions reach handler500."""
 
     def process_exception(self, request, exception):
         if isinstance(exception, PantheonError):
             return render_error(request, exception)
+        if (unavailable := database_unavailable(exception)) is not None:
+            return unavailable_response(request, unavailable, exception)
         return None
 
 

@@ -291,3 +291,7 @@ PANTHEON_CHECKPOINT_DIR = Path(_env_str("PANTHEON_CHECKPOINT_DIR", str(PANTHEON_
 # How many /v1/responses responses the control plane keeps in memory for previous_response_id and GET (the most
 # recently stored or used).
 PANTHEON_RESPONSES_STORED = _env_int("PANTHEON_RESPONSES_STORED", 1024)
+
+# --- faults survived (docs/reliability.md) ---
+# Retry-After seconds of a 503 service_unavailable: a route that needs the database while it cannot be reached.
+PANTHEON_RETRY_AFTER_UNAVAILABLE_S = _env_float("PANTHEON_RETRY_AFTER_UNAVAILABLE_S", 5.0)
