@@ -40,3 +40,10 @@ def stack(tmp_path_factory):
     yield built
     built.server.stop()
     built.postgres.remove()
+
+
+# The fixtures of tests/inference/conftest.py (a server per module on the test database, an operator's client),
+# for the fault tests that need no database of their own.
+from tests.inference.conftest import api, client_token, operator_token, server, serving_db, start_server  # noqa: E402
+
+__all__ = ["api", "client_token", "operator_token", "server", "serving_db", "start_server", "stack"]
