@@ -15,7 +15,7 @@ import pytest
 from tests.faults.private_services import sign_in
 from tests.inference.serving import bearer, run_manage, wait_for
 
-CHAT = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 8}
+CHAT = {"model": "stories", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 8}
 
 
 class ChatLoad:
