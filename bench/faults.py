@@ -231,19 +231,30 @@ def kill_during_load(server: PantheonServer, operator: httpx.Client, traffic: Tr
     thread = threading.Thread(target=lambda: answer.update(r=operator.post("/admin/models/load", json=second)))
     os.kill(pid, signal.SIGSTOP)
     thread.start()
-    while operator.post("/admin/models/unload", json={"name": "second"}).status_code != 409:
+    deadline = time.monotonic() + 60
+    while operator.post("/admin/models/unload", json={"name": "second"}).status_code != 409:  # 409: it is loading
+        if time.monotonic() > deadline:
+            raise RuntimeError("the load never reached the worker")
         time.sleep(0.05)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     thread.join()
     answered = time.monotonic() - killed
+    # Recovered: a new worker serves "stories" again (its instance row ready), before the next kill.
+    deadline = killed + 120
+    while time.monotonic() < deadline:
+        rows = operator.get("/admin/models").json().get("data", [])
+        if [(r["id"], r.get("state")) for r in rows] == [("stories", "ready")] and first_ok_after(traffic.v1, killed):
+            break
+        time.sleep(0.05)
+    recovered = time.monotonic()
     response = answer["r"]
     return {
         "load_status": response.status_code,
         "load_error": response.json().get("error", {}).get("type"),
         "load_answered_after_s": round(answered, 3),
         "v1_recovered_after_s": first_ok_after(traffic.v1, killed),
-        "v1_during_reload": summary(traffic.v1, (killed, killed + 5))["by_status"],
+        "v1_from_kill_to_recovery": summary(traffic.v1, (killed, recovered))["by_status"],
     }
 
 
