@@ -6,6 +6,8 @@ for half-happens. When it is back, everything works again and the rows agree wit
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import httpx
@@ -91,6 +93,36 @@ def test_database_down_is_503_with_retry_after_and_one_log_line_then_everything_
     verified = run_manage(server.env, "audit", "--verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert api.post("/admin/models/unload", json={"name": "second"}).status_code == 200
+
+
+def worker_rows(database_url: str) -> list[tuple[str, int, int]]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute("SELECT device, pid, restarts FROM inference_worker ORDER BY device").fetchall()
+
+
+def test_a_worker_crash_while_the_database_is_down_is_mirrored_when_it_returns(stack, stories_hf_dir):
+    """The control plane's mirror: with the database away it says so once and serves from memory; a worker that
+    crashes meanwhile is restarted and reloaded as ever; the rows catch up when the database returns."""
+    server = stack.server
+    api = httpx.Client(base_url=server.url, timeout=60, headers=bearer(stack.operator_token))
+    if not api.get("/admin/models").json()["data"]:
+        api.post("/admin/models/load", json={"path": str(stories_hf_dir), "name": "stories"}).raise_for_status()
+    [pid] = server.worker_pids()
+    logged_before = len(server.log())
+    stack.postgres.stop("immediate")
+    os.kill(pid, signal.SIGKILL)
+    [new_pid] = wait_for(lambda: [p for p in server.worker_pids() if p != pid], timeout=30)
+    wait_for(lambda: httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, timeout=60).status_code == 200)
+    stack.postgres.start()
+
+    wait_for(lambda: worker_rows(stack.postgres.url)[0][1] == new_pid, timeout=60)
+    [(device, _, restarts)] = worker_rows(stack.postgres.url)
+    assert device == "cpu" and restarts >= 1
+    wait_for(lambda: served_rows(stack.postgres.url) == [("stories", "ready")], timeout=30)
+    log = server.log()[logged_before:]
+    assert "Traceback" not in log
+    assert log.count("the database is unavailable") == 1  # said once, not once a sync
+    assert "the database is reachable again" in log
 
 
 @pytest.fixture(scope="module")
