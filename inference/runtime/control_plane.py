@@ -125,6 +125,7 @@ class ControlPlane:
 
     async def _on_crash(self, crash: WorkerCrash) -> None:
         try:
+            await sync_to_async(close_old_connections)()  # not one the database dropped since it was last used
             await self._audit_crash(crash)
             await self._sync_workers()
             await self._sync_instances()  # now, while they are reloading: a reload may fail before the next sync
@@ -232,6 +233,7 @@ def _forget_previous_run() -> None:
 
 def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
     now = timezone.now()
+    close_old_connections()  # this thread's connection may predate a database restart: start afresh
     try:
         for device, record in changes.items():
             defaults = {"pid": record.pid, "state": record.state, "restarts": record.restarts, "endpoint": endpoint}
@@ -247,6 +249,7 @@ def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
 def _write_instances(changes: dict[int, tuple[str, str] | None]) -> None:
     """Each instance's new state, or None: unloaded, so its row is deleted (the unload deleted it already, unless
     the database was away then)."""
+    close_old_connections()
     try:
         for instance_id, change in changes.items():
             if change is None:
@@ -271,6 +274,7 @@ def _record_failed_instance(name: str, message: str) -> None:
 
 
 def _catalog_names() -> list[str]:
+    close_old_connections()
     try:
         return list(CatalogModel.objects.values_list("name", flat=True))
     finally:
