@@ -65,6 +65,7 @@ def test_database_down_is_503_with_retry_after_and_one_log_line_then_everything_
             "weights": api.get("/api/weights/checkpoints"),
             "ui": ui.get("/ui/models/"),
         }
+        health = httpx.get(f"{server.url}/api/health/detailed", timeout=60)
         wait_for(lambda: len(load.statuses) >= served_during_outage + 3)  # /v1 still answers with it down
         stack.postgres.start()
 
@@ -75,6 +76,7 @@ def test_database_down_is_503_with_retry_after_and_one_log_line_then_everything_
         weights_error = refused["weights"].json()
         assert weights_error["success"] is False and weights_error["error"]["code"] == "SERVICE_UNAVAILABLE"
         assert "text/html" in refused["ui"].headers["Content-Type"]
+        assert health.status_code == 200  # health answers; a section that needs the database says it failed
         log = server.log()
         assert "Traceback" not in log
         assert log.count("database unavailable:") == len(refused)
