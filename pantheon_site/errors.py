@@ -10,12 +10,23 @@ answers in its envelope with the spec's status, `type` and headers. Two envelope
   path under /api/weights/ in it too.
 
 Under the operator UI's `/ui/` the same errors are an HTML page instead (`render_error`).
+
+A database that cannot be reached (PostgreSQL stopped, restarting, the network to it down) is not a bug in the route:
+`database_unavailable` maps Django's OperationalError/InterfaceError from a failed connection to `ServiceUnavailable`
+(503 with Retry-After), and `unavailable_response` answers it in the route's envelope with one log line and no
+traceback, wherever it was raised (a view, a middleware, an audit write).
 """
 
+import logging
 import math
+import sys
 
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.http import JsonResponse
 from rest_framework import exceptions as drf
+
+logger = logging.getLogger("pantheon.errors")
 
 
 class PantheonError(Exception):
@@ -189,6 +200,13 @@ class ModelReloading(_RetryableError):
     status, type, default_message = 503, "model_reloading", "the model is being reloaded after a worker crash"
 
 
+class ServiceUnavailable(_RetryableError):
+    """503: a service the route needs (the database) cannot be reached right now; the route changed nothing that
+    stays changed. Retry-After: PANTHEON_RETRY_AFTER_UNAVAILABLE_S."""
+
+    status, type, default_message = 503, "service_unavailable", "a service the server needs is unavailable"
+
+
 class WeightsTorn(_RetryableError):
     """503: the model's weights are torn (a commit overran the watchdog or broke off); nothing is served until
     POST /api/weights/load restores them. Not in the spec's /v1 table (docs/api/choices.md)."""
@@ -288,19 +306,57 @@ UI_PREFIX = "/ui/"
 
 
 def render_error(request, exc: PantheonError):
-    """`error_response`, except under /ui/, where a person reads it: the UI's error page with the same status."""
+    """`error_response`, except under /ui/, where a person reads it: the UI's error page with the same status and
+    headers."""
     if not request.path.startswith(UI_PREFIX):
         return error_response(exc)
     from django.shortcuts import render
 
     context = {"status": exc.status, "error_type": exc.type, "message": exc.message, "notices": []}
-    return render(request, "admin_ui/error.html", context, status=exc.status)
+    response = render(request, "admin_ui/error.html", context, status=exc.status)
+    for name, value in exc.headers.items():
+        response[name] = value
+    return response
+
+
+# SQLSTATE classes of a server that is gone or going: 08 connection exception, 57P01-57P03 admin or crash shutdown,
+# cannot connect now (PostgreSQL's table of error codes).
+_UNAVAILABLE_SQLSTATES = ("08", "57P01", "57P02", "57P03")
+
+
+def database_unavailable(exc: BaseException) -> ServiceUnavailable | None:
+    """The 503 for an error that says the database cannot be reached; None for any other (a query's own error stays
+    a bug, a 500). InterfaceError is a connection already closed; an OperationalError counts when the driver's error
+    beneath it carries no SQLSTATE (the connection failed before the server answered) or one of a server that is gone.
+    """
+    if isinstance(exc, InterfaceError):
+        return _database_down()
+    if not isinstance(exc, OperationalError):
+        return None
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", "")
+    if cause is None or cause.__class__.__module__.startswith("sqlite3"):
+        return None
+    if sqlstate is None or sqlstate.startswith(_UNAVAILABLE_SQLSTATES):
+        return _database_down()
+    return None
+
+
+def _database_down() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "the database is unavailable; retry shortly",
+        reason="database_unavailable",
+        retry_after=settings.PANTHEON_RETRY_AFTER_UNAVAILABLE_S,
+    )
 
 
 def as_pantheon_error(exc: Exception) -> PantheonError | None:
-    """Map DRF's own exceptions (parse errors, validation errors, ...) to the spec's types; None for anything else."""
+    """Map DRF's own exceptions (parse errors, validation errors, ...) and an unreachable database to the spec's
+    types; None for anything else."""
     if isinstance(exc, PantheonError):
         return exc
+    if (unavailable := database_unavailable(exc)) is not None:
+        return unavailable
     if isinstance(exc, drf.MethodNotAllowed | drf.NotFound):
         return NotFound()
     if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
@@ -328,8 +384,38 @@ def _validation_message(detail, path: str = "") -> str:
 
 def drf_exception_handler(exc: Exception, context: dict):
     """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error a DRF view raises leaves in the spec's envelope."""
+    if (unavailable := database_unavailable(exc)) is not None:
+        return unavailable_response(context["request"], unavailable, exc)
     error = as_pantheon_error(exc)
     return error_response(error) if error is not None else None
+
+
+def unavailable_response(request, error: ServiceUnavailable, cause: BaseException):
+    """The 503 of a route that could not reach the database, in the route's envelope (the management one under
+    /api/weights/, the UI's page under /ui/), logged as one line naming the route and the driver's message; Django's
+    own request log (which would add the traceback) is told it has been logged."""
+    detail = str(cause.__cause__ or cause).strip().splitlines()
+    logger.warning(
+        "database unavailable: %s %s answered 503 (%s: %s)",
+        request.method,
+        request.path,
+        type(cause).__name__,
+        detail[0] if detail else "no message",
+    )
+    if request.path.startswith(MANAGEMENT_PREFIX):
+        response = error_response(
+            ManagementError(
+                "SERVICE_UNAVAILABLE", error.message, status=503, reason=error.reason, headers=error.headers
+            )  # fmt: skip
+        )
+    else:
+        if request.path.startswith(UI_PREFIX):
+            from django.contrib.auth.models import AnonymousUser
+
+            request.user = AnonymousUser()  # who is signed in is in the database too: the page names no one
+        response = render_error(request, error)
+    response._has_been_logged = True
+    return response
 
 
 def handler400(request, exception=None):
@@ -358,7 +444,12 @@ def handler404(request, exception=None):
 
 def handler500(request):
     """An exception no view mapped: 500, in the envelope of the route's family (the management one under
-    /api/weights/, where a trainer's client reads `success` and `error.code`)."""
+    /api/weights/, where a trainer's client reads `success` and `error.code`); 503 when it says the database cannot
+    be reached (raised in a middleware, e.g. the UI's session and user, which no view hook sees). Django calls this
+    while the exception is being handled, so sys.exc_info() holds it."""
+    exc = sys.exc_info()[1]
+    if exc is not None and (unavailable := database_unavailable(exc)) is not None:
+        return unavailable_response(request, unavailable, exc)
     if request.path.startswith(MANAGEMENT_PREFIX):
         return error_response(ManagementError("INTERNAL", "internal server error", status=500))
     return render_error(request, ServerError("internal server error"))

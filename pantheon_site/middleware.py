@@ -12,7 +12,7 @@ from django.middleware import clickjacking, security
 from django.utils.deprecation import MiddlewareMixin
 
 from inference.engine.contract.logs import request_id_var
-from pantheon_site.errors import PantheonError, render_error
+from pantheon_site.errors import PantheonError, database_unavailable, render_error, unavailable_response
 from pantheon_site.request_ids import REQUEST_ID_HEADER, SCOPE_KEY, request_id_from_header
 
 
@@ -61,11 +61,14 @@ class RequestIdMiddleware:
 
 
 class ErrorEnvelopeMiddleware(MiddlewareMixin):
-    """A view (sync or async) may simply raise a PantheonError; this renders it. Other exceptions reach handler500."""
+    """A view (sync or async) may simply raise a PantheonError; this renders it, and a database that cannot be reached
+    as 503 (errors.unavailable_response). Other exceptions reach handler500."""
 
     def process_exception(self, request, exception):
         if isinstance(exception, PantheonError):
             return render_error(request, exception)
+        if (unavailable := database_unavailable(exception)) is not None:
+            return unavailable_response(request, unavailable, exception)
         return None
 
 

@@ -340,3 +340,7 @@ SPECTACULAR_SETTINGS = {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "A Pantheon token"}}
     },
 }
+
+# --- faults survived (docs/reliability.md) ---
+# Retry-After seconds of a 503 service_unavailable: a route that needs the database while it cannot be reached.
+PANTHEON_RETRY_AFTER_UNAVAILABLE_S = _env_float("PANTHEON_RETRY_AFTER_UNAVAILABLE_S", 5.0)

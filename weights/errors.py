@@ -42,6 +42,7 @@ STATUS: dict[WeightsCode, int] = {
     WeightsCode.SAVE_FAILED: 500,
     WeightsCode.LOAD_FAILED: 500,
     WeightsCode.INTERNAL: 500,
+    WeightsCode.SERVICE_UNAVAILABLE: 503,
 }
 
 

@@ -7,6 +7,10 @@ the engine client and the router the routes use; `autoload()` loads the catalogu
 ModelInstance rows in step with the supervisor (pid, state, restarts, heartbeats; instances reloading after a
 crash) and refreshes the catalogue names the router routes on, and another samples the metrics into the dashboard's
 history (metrics_history.py). A worker crash is audited.
+
+While the database cannot be reached the mirror says so once, keeps serving from memory, and writes what changed
+meanwhile when it returns: it remembers a state as written only once the write went through, and an instance whose
+unload could not delete its row (the database went away in between) has its row deleted then.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from inference.runtime.metrics_history import MetricsHistory, install_history
 from inference.runtime.router import ModelRouter, install_router
 from inference.runtime.supervisor import WorkerCrash, WorkerSupervisor
 from pantheon_site.audit import arecord_audit_event
-from pantheon_site.errors import PantheonError
+from pantheon_site.errors import PantheonError, database_unavailable
 from pantheon_site.metrics import collect_families
 from pantheon_site.models import Outcome
 
@@ -72,6 +76,7 @@ class ControlPlane:
         self._workers: dict[str, WorkerRecord] = {}
         self._instances: dict[int, str] = {}  # instance id -> its placement's state at the last sync
         self._stopping = False  # once set, nothing more is mirrored: stop() writes the final state itself
+        self._database_away = False  # the last sync could not reach the database (said once in the log)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -128,6 +133,18 @@ class ControlPlane:
     # -- crashes and the database mirror --------------------------------------------------------------------------
 
     async def _on_crash(self, crash: WorkerCrash) -> None:
+        try:
+            await sync_to_async(close_old_connections)()  # not one the database dropped since it was last used
+            await self._audit_crash(crash)
+            await self._sync_workers()
+            await self._sync_instances()  # now, while they are reloading: a reload may fail before the next sync
+        except Exception as exc:
+            if database_unavailable(exc) is None:
+                raise
+            # The restart goes on; the rows catch up when the database returns. The audit event is lost.
+            self._note_database_away(exc, f"the crash of the worker for {crash.device} is not audited")
+
+    async def _audit_crash(self, crash: WorkerCrash) -> None:
         await arecord_audit_event(
             "worker_crash",
             Outcome.REFUSED,
@@ -144,8 +161,6 @@ class ControlPlane:
                 "restarts": crash.restarts,
             },  # fmt: skip
         )
-        await self._sync_workers()
-        await self._sync_instances()  # now, while they are reloading: a reload may fail before the next sync
 
     async def _sync_forever(self) -> None:
         last_catalog = time.monotonic()
@@ -157,8 +172,22 @@ class ControlPlane:
                 if time.monotonic() - last_catalog >= CATALOG_REFRESH_S:
                     last_catalog = time.monotonic()
                     await self._refresh_catalog()
-            except Exception:  # the database being away for a moment must not stop serving
-                logger.exception("syncing the serving state to the database failed")
+            except Exception as exc:  # the database being away for a while must not stop serving
+                if database_unavailable(exc) is None:
+                    logger.exception("syncing the serving state to the database failed")
+                else:
+                    self._note_database_away(exc, "the serving state is written when it returns")
+                continue
+            if self._database_away:
+                self._database_away = False
+                logger.warning("the database is reachable again; the serving state is written")
+
+    def _note_database_away(self, exc: Exception, consequence: str) -> None:
+        """One log line when the database is found away (not one per sync), without a traceback."""
+        if not self._database_away:
+            self._database_away = True
+            first_line = (str(exc.__cause__ or exc).strip().splitlines() or ["no message"])[0]
+            logger.warning("the database is unavailable (%s); %s", first_line, consequence)
 
     async def _sync_workers(self) -> None:
         if self._stopping:
@@ -185,19 +214,18 @@ class ControlPlane:
         if self._stopping:
             return
         held = {pl.instance_id: pl.state for pl in self.router.placements().values() if pl.instance_id is not None}
-        changes: dict[int, tuple[str, str]] = {}
-        for instance_id, last in list(self._instances.items()):
+        changes: dict[int, tuple[str, str] | None] = {}  # None: the instance was unloaded, its row goes
+        for instance_id, last in self._instances.items():
             if instance_id not in held:
-                del self._instances[instance_id]
-                if last == "reloading":
-                    changes[instance_id] = (InstanceState.FAILED, "the reload after a worker crash failed")
+                failed = (InstanceState.FAILED, "the reload after a worker crash failed")
+                changes[instance_id] = failed if last == "reloading" else None
         for instance_id, state in held.items():
             last = self._instances.get(instance_id, "ready")  # the load wrote its row as READY
-            self._instances[instance_id] = state
             if INSTANCE_STATES[state] != INSTANCE_STATES[last]:
                 changes[instance_id] = (INSTANCE_STATES[state], "")
         if changes:
             await sync_to_async(_write_instances)(changes)
+        self._instances = held  # only once written: a sync the database refused is made again by the next
 
     async def _refresh_catalog(self) -> None:
         names = await sync_to_async(_catalog_names)()
@@ -214,23 +242,35 @@ def _forget_previous_run() -> None:
 
 def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
     now = timezone.now()
-    for device, record in changes.items():
-        defaults = {"pid": record.pid, "state": record.state, "restarts": record.restarts, "endpoint": endpoint}
-        if record.heartbeat:
-            defaults["last_heartbeat"] = datetime.fromtimestamp(record.heartbeat, tz=UTC)
-        worker, created = Worker.objects.update_or_create(device=device, defaults=defaults)
-        if created or worker.started_at is None or record.state == WorkerState.STARTING:
-            Worker.objects.filter(pk=worker.pk).update(started_at=now)
-    close_old_connections()
+    close_old_connections()  # this thread's connection may predate a database restart: start afresh
+    try:
+        for device, record in changes.items():
+            defaults = {"pid": record.pid, "state": record.state, "restarts": record.restarts, "endpoint": endpoint}
+            if record.heartbeat:
+                defaults["last_heartbeat"] = datetime.fromtimestamp(record.heartbeat, tz=UTC)
+            worker, created = Worker.objects.update_or_create(device=device, defaults=defaults)
+            if created or worker.started_at is None or record.state == WorkerState.STARTING:
+                Worker.objects.filter(pk=worker.pk).update(started_at=now)
+    finally:
+        close_old_connections()
 
 
-def _write_instances(changes: dict[int, tuple[str, str]]) -> None:
-    for instance_id, (state, error) in changes.items():
-        fields = {"state": state}
-        if error:
-            fields["last_error"] = error
-        ModelInstance.objects.filter(pk=instance_id).update(**fields)
+def _write_instances(changes: dict[int, tuple[str, str] | None]) -> None:
+    """Each instance's new state, or None: unloaded, so its row is deleted (the unload deleted it already, unless
+    the database was away then)."""
     close_old_connections()
+    try:
+        for instance_id, change in changes.items():
+            if change is None:
+                ModelInstance.objects.filter(pk=instance_id).delete()
+                continue
+            state, error = change
+            fields = {"state": state}
+            if error:
+                fields["last_error"] = error
+            ModelInstance.objects.filter(pk=instance_id).update(**fields)
+    finally:
+        close_old_connections()  # also a connection the database dropped, so the next sync connects afresh
 
 
 def _record_failed_instance(name: str, message: str) -> None:
@@ -243,6 +283,8 @@ def _record_failed_instance(name: str, message: str) -> None:
 
 
 def _catalog_names() -> list[str]:
-    names = list(CatalogModel.objects.values_list("name", flat=True))
     close_old_connections()
-    return names
+    try:
+        return list(CatalogModel.objects.values_list("name", flat=True))
+    finally:
+        close_old_connections()

@@ -38,7 +38,7 @@ from inference.services.catalogue import catalogued_options, checkpoint_at, do_c
 from inference.services.model_rows import admin_model_row
 from inference.services.refusals import as_api_error
 from pantheon_site.audit import AuditedCall
-from pantheon_site.errors import LoadFailed, ModelNotFound, UnloadFailed, WeightsTorn
+from pantheon_site.errors import LoadFailed, ModelNotFound, UnloadFailed, WeightsTorn, database_unavailable
 from pantheon_site.models import AccessToken, Role
 
 logger = logging.getLogger("pantheon.models")
@@ -141,8 +141,15 @@ async def _load(
     try:
         instance_id = await sync_to_async(_record_load)(name, info, request, options, loaded, limits, operator)
     except Exception as exc:
-        logger.exception("recording the load of %s failed; unloading it again", name)
+        # Not recorded, not served: a load the database does not hold would be one the catalogue, the instances
+        # and the audit log never saw. A database that cannot be reached is the client's 503 (logged once where it
+        # is answered); anything else is a bug, logged with its traceback.
+        unavailable = database_unavailable(exc)
+        if unavailable is None:
+            logger.exception("recording the load of %s failed; unloading it again", name)
         await client.unload(name, drain_timeout=0)
+        if unavailable is not None:
+            raise unavailable from exc
         raise LoadFailed(f"the load of {name!r} could not be recorded: {exc}", reason="record_failed") from exc
     placement = router.record_instance(name, instance_id)
     router.catalog_names = router.catalog_names | {name}

@@ -71,6 +71,7 @@ class WeightsCode(enum.StrEnum):
     SAVE_FAILED = "SAVE_FAILED"
     LOAD_FAILED = "LOAD_FAILED"
     INTERNAL = "INTERNAL"
+    SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"  # the database cannot be reached (pantheon_site/errors.py)
 
 
 class WeightsTimers(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

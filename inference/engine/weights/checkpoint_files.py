@@ -4,11 +4,13 @@
 loader serves it), and manifest.json with the lineage and the weights' sha256. A step appears whole or not at all:
 it is written in a temporary folder beside it, every file and the folder synced, then renamed into place; a crash
 leaves at most a `.step-<N>.tmp-*` folder and never a half-written step. `latest` is a symlink swapped in one
-rename, so a reader sees either the previous step or the new one.
+rename, so a reader sees either the previous step or the new one. A disk that fills up during the write is told
+apart from other failures (`DiskFull`), so the trainer reads why, not a writer's internal error.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -49,6 +51,10 @@ class CheckpointExists(FileExistsError):
     """The step was already saved; a checkpoint is never overwritten."""
 
 
+class DiskFull(OSError):
+    """The checkpoint directory's filesystem ran out of room during the save; what was written is removed."""
+
+
 def save_checkpoint(
     views: ParameterViews,
     *,
@@ -75,14 +81,23 @@ def save_checkpoint(
     run.mkdir(parents=True, exist_ok=True)
     temporary = run / f".step-{step}.tmp-{secrets.token_hex(4)}"
     temporary.mkdir()
+    state = views.state_dict()
     try:
-        manifest = _write_step(views, source_dir, temporary, run_id, step, parent, base_model)
+        manifest = _write_step(state, source_dir, temporary, run_id, step, parent, base_model)
         try:
             os.rename(temporary, final)  # refused for a non-empty step folder that appeared meanwhile
         except OSError as exc:
             raise CheckpointExists(f"{final} already exists") from exc
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(temporary, ignore_errors=True)
+        needed = sum(tensor.nbytes for tensor in state.values())
+        if isinstance(exc, Exception) and _out_of_space(exc, run, needed):
+            free = shutil.disk_usage(run).free
+            raise DiskFull(
+                errno.ENOSPC,
+                f"no space left on the checkpoint directory's disk ({run}): the weights take {needed} bytes and "
+                f"{free} are free; nothing was saved",
+            ) from exc
         raise
     _fsync(run)
     link = run / f".{LATEST}.tmp-{secrets.token_hex(4)}"
@@ -92,11 +107,25 @@ def save_checkpoint(
     return {**manifest, "path": str(final.resolve())}
 
 
+def _out_of_space(exc: Exception, run: Path, needed: int) -> bool:
+    """Whether a failed write failed for room: the system said so, or (safetensors' writer reports its own error
+    type) the disk, with the partial step removed, has less free than the weights take."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return shutil.disk_usage(run).free < needed
+
+
 def _write_step(
-    views: ParameterViews, source: Path, folder: Path, run_id: str, step: int, parent: str | None, base_model: str
+    state: dict[str, torch.Tensor],
+    source: Path,
+    folder: Path,
+    run_id: str,
+    step: int,
+    parent: str | None,
+    base_model: str,
 ) -> dict[str, Any]:
     weights = folder / WEIGHTS_FILE
-    save_file(views.state_dict(), str(weights), metadata={"format": "pt"})
+    save_file(state, str(weights), metadata={"format": "pt"})
     _fsync(weights)
     for name in SOURCE_FILES:
         if (source / name).is_file():

@@ -22,6 +22,7 @@ from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.weights.barrier_state import Refusal, ShapeMismatch
 from inference.engine.weights.checkpoint_files import (
     CheckpointExists,
+    DiskFull,
     read_weights,
     save_checkpoint,
     verify_checkpoint,
@@ -150,6 +151,8 @@ class ServedWeights:
                 WeightsCode.CHECKPOINT_EXISTS,
                 f"step {request.step} of run {request.run_id!r} is saved already; give another step",
             ) from exc
+        except DiskFull as exc:
+            raise Refusal(WeightsCode.SAVE_FAILED, exc.strerror, "disk_full") from exc
 
     def read_checkpoint(self, target: LoadTarget) -> dict[str, torch.Tensor]:
         """The tensors to write, checked before anything is touched: the manifest's sha256 (a checkpoint), then
