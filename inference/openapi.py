@@ -97,7 +97,7 @@ describe(health.health_detailed, responses={200: answers.HealthDetailedSerialize
 
 describe(
     openai.list_models,
-    responses={200: answers.ModelListSerializer, **errors(401, 429)},
+    responses={200: answers.ModelListSerializer, **errors(401, 429, 503)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
@@ -126,7 +126,7 @@ describe(
 describe(
     responses.stored,
     method="GET",
-    responses={200: answers.ResponseSerializer, **errors(401, 404, 429)},
+    responses={200: answers.ResponseSerializer, **errors(401, 404, 429, 503)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
@@ -134,7 +134,7 @@ describe(
 describe(
     responses.stored,
     method="DELETE",
-    responses={200: answers.ResponseDeletedSerializer, **errors(401, 404, 429)},
+    responses={200: answers.ResponseDeletedSerializer, **errors(401, 404, 429, 503)},
     parameters=RESPONSE_HEADERS,
     auth=BEARER_OR_NONE,
     tags=["v1"],
