@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
 
+from bench.memory_watch import MemoryWatch  # noqa: E402
 from tests.faults.private_services import PrivatePostgres, PrivateRedis  # noqa: E402
 from tests.inference.serving import PantheonServer, bearer, run_manage  # noqa: E402
 
@@ -86,31 +86,6 @@ class Traffic:
         self._stop.set()
         for thread in self._threads:
             thread.join()
-
-
-class MemoryWatch:
-    """The peak resident memory of the server and its workers, sampled every 0.5 s."""
-
-    def __init__(self, pid: int):
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                root = psutil.Process(self.pid)
-                total = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
-            except psutil.Error:
-                continue
-            self.peak = max(self.peak, total)
-
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def summary(requests: list[tuple[float, int, float]], window: tuple[float, float] | None = None) -> dict:

@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -88,42 +87,6 @@ async def drive(url: str, clients: int, body: dict, *, seconds: float | None = N
     return [outcome for outcomes in per_client for outcome in outcomes]
 
 
-class MemoryWatch:
-    """Samples the resident memory of a process and its children (serve and its workers) every `interval` s."""
-
-    def __init__(self, pid: int, interval: float = 0.25):
-        import psutil
-
-        self._process, self._interval = psutil.Process(pid), interval
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def rss(self) -> int:
-        import psutil
-
-        total = 0
-        for process in [self._process, *self._process.children(recursive=True)]:
-            try:
-                total += process.memory_info().rss
-            except psutil.Error:  # a worker that just exited
-                continue
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(self.rss())
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -149,7 +112,6 @@ def report(outcomes: list[Outcome], wall: float) -> None:
 
 def start_server(args) -> tuple:
     """A `manage.py serve` of our own (tests/inference/serving.py's), with stories260K loaded; (server, url)."""
-    sys.path.insert(0, str(REPO))
     from tests.inference.serving import PantheonServer
 
     data_dir = Path(tempfile.mkdtemp(prefix="pantheon-overload-"))
@@ -177,6 +139,9 @@ def main() -> None:
     parser.add_argument("--models", type=Path, default=Path(models))
     parser.add_argument("--url", help="a running server serving a model (then --slots/--queue must match it)")
     args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from bench.memory_watch import MemoryWatch
+
     clients = args.factor * (args.slots + args.queue)
     server, url = (None, args.url.rstrip("/")) if args.url else start_server(args)
     print(f"server {url}: {args.slots} slots + {args.queue} queue places; {clients} clients for {args.seconds:.0f} s, "
