@@ -25,8 +25,9 @@ def _request_id(request) -> str:
     return request_id_from_header(request.headers.get(REQUEST_ID_HEADER))
 
 
-class RequestIdMiddleware:
-    """Sets `request.request_id` (audit events read it) and the log context, and echoes the id on the response."""
+class BothStacks:
+    """Base of a middleware that runs in Django's sync stack and, without a thread hop, in its async one: the
+    subclass writes `_call` (sync) and `_acall` (async)."""
 
     sync_capable = True
     async_capable = True
@@ -38,8 +39,13 @@ class RequestIdMiddleware:
             markcoroutinefunction(self)
 
     def __call__(self, request):
-        if self.is_async:
-            return self._acall(request)
+        return self._acall(request) if self.is_async else self._call(request)
+
+
+class RequestIdMiddleware(BothStacks):
+    """Sets `request.request_id` (audit events read it) and the log context, and echoes the id on the response."""
+
+    def _call(self, request):
         request.request_id = _request_id(request)
         token = request_id_var.set(request.request_id)
         try:

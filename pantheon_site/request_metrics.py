@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import time
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-
 from inference.engine.contract.metrics import REQUEST_DURATION, REQUESTS
+from pantheon_site.middleware import BothStacks
 
 UNMATCHED = "unmatched"
 
@@ -25,19 +24,8 @@ def label_model(request, model: str) -> None:
     request.metrics_model = model
 
 
-class RequestMetricsMiddleware:
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request):
-        if self.is_async:
-            return self._acall(request)
+class RequestMetricsMiddleware(BothStacks):
+    def _call(self, request):
         return self._counted(request, time.monotonic(), self.get_response(request))
 
     async def _acall(self, request):
