@@ -122,7 +122,10 @@ def test_float32_layers_on_the_c_kernel_run_as_opaque_calls(tmp_path):
             tokens = logits[-1].argmax(-1).tolist()
         steps.append(torch.stack(logits))
     assert torch.equal(steps[1].argmax(-1), steps[0].argmax(-1)) and graphs.mode == "compiled", graphs.fallback_reason
-    assert (steps[1] - steps[0]).abs().max() <= 1e-5 * steps[0].abs().max()  # rounding: fused kernels sum otherwise
+    # Rounding only: the compiled graph fuses the pointwise ops around the kernel calls and sums in another order.
+    # Over 8 steps that reaches about 1e-5 of the largest logit on an AVX2 host (inductor's and the kernel's vector
+    # widths); a wrong layer is off by whole units.
+    assert (steps[1] - steps[0]).abs().max() <= 1e-4 * steps[0].abs().max()
 
 
 def test_steps_with_other_threads_than_compiled_for_fall_back(stories_gguf_path):
