@@ -163,8 +163,7 @@ class Worker(ModelLoading):
         """Answers or starts one message; `size` is its frame's bytes (what a SUBMIT or EMBED may cost to prepare)."""
         match message:
             case p.Submit() | p.Embed():
-                if isinstance(message, p.Submit):
-                    self.sequences.submitted(message)
+                self.sequences.submitted(message)
                 try:
                     self.submit(message, size)
                 except RequestRefused as refused:

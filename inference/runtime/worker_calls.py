@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 from inference.engine.contract import messages as p
+from inference.engine.contract.logs import request_id_var
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
 from inference.runtime.client_protocol import ModelPlacement
@@ -70,7 +71,11 @@ class WorkerCalls:
         EngineError (prompt_too_long, bad_request, model_not_loaded) or WorkerDied."""
         texts = [i for i in inputs if isinstance(i, str)]
         call = p.Embed(
-            request_id=new_id(), model=model, texts=texts if texts else None, token_ids=None if texts else list(inputs)
+            request_id=new_id(),
+            model=model,
+            texts=texts if texts else None,
+            token_ids=None if texts else list(inputs),
+            http_request_id=request_id_var.get(),
         )
         return await self._session_call(model, call, timeout)
 

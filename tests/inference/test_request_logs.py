@@ -66,6 +66,8 @@ def full_run(start_server, model_dir, **env: str) -> Run:
                     json={"path": str(model_dir), "name": "stories"})  # fmt: skip
         assert load.status_code == 200, load.text
         assert send("rid-chat", "POST", "/v1/chat/completions", json=chat).status_code == 200
+        embed = {"model": "stories", "input": [PROMPT_TEXT, "a second input"]}
+        assert send("rid-embed", "POST", "/v1/embeddings", json=embed).status_code == 200
         assert server.manage("sessions").returncode == 0  # a command calls the server with the local credential
         with http.stream("POST", "/v1/chat/completions", headers={"X-Request-ID": "rid-stream"},
                          json={**chat, "stream": True}) as stream:  # fmt: skip
@@ -123,8 +125,8 @@ def sensitive_run(start_server, stories_hf_dir) -> Run:
 def test_every_response_carries_the_clients_request_id(run):
     statuses = {request_id: response.status_code for request_id, response in run.responses.items()}
     assert statuses == {
-        "rid-load": 200, "rid-chat": 200, "rid-stream": 200, "rid-404": 404, "rid-413": 413, "rid-preflight": 200,
-        "rid-ui": 302, "rid-static": 200,
+        "rid-load": 200, "rid-chat": 200, "rid-embed": 200, "rid-stream": 200, "rid-404": 404, "rid-413": 413,
+        "rid-preflight": 200, "rid-ui": 302, "rid-static": 200,
         "bad id with spaces": 200, "rid-attach": 200, "rid-heartbeat": 200, "rid-detach": 200, "rid-unload": 200,
         "rid-500": 500, "rid-on-demand": 200, "rid-last-unload": 200,
     }  # fmt: skip
@@ -155,6 +157,11 @@ def test_the_workers_lines_about_a_sequence_carry_its_request_id(run, request_id
     [line] = [line for line in run.lines_of(request_id) if line["logger"] == "pantheon.worker.sequences"]
     assert line["model"] == "stories" and line["sequence"].startswith("chatcmpl-")
     assert "finished" in line["message"] and "completion 8 tokens" in line["message"]
+
+
+def test_the_workers_line_about_an_embedding_call_carries_its_request_id(run):
+    [line] = [line for line in run.lines_of("rid-embed") if line["logger"] == "pantheon.worker.sequences"]
+    assert line["model"] == "stories" and "embedding call" in line["message"] and "2 inputs" in line["message"]
 
 
 def test_audit_events_record_the_request_id(run):

@@ -162,6 +162,7 @@ class Embed(Message, tag="M"):
     model: str
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+    http_request_id: str | None = None  # the HTTP request's X-Request-ID, for the worker's log line about the call
 
     def __post_init__(self) -> None:
         if (self.texts is None) == (self.token_ids is None):
