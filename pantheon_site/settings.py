@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "pantheon_site",
     "inference",
     "weights",
+    "batches",
     "admin_ui",
 ]
 

@@ -1,0 +1,53 @@
+"""The batch write paths shared by the API, manage.py and the UI: who may see a batch, and cancelling one.
+
+A viewer is the access token a call presents (`None`: client tokens are off, or the UI's staff user): an operator
+token or `None` sees every batch and file, any other token only its own (`owner`). A batch the viewer may not see is
+reported as not found, never as forbidden, so ids are not probed.
+"""
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from batches.models import Batch, BatchStatus, StoredFile
+from pantheon_site.errors import InvalidRequest, NotFound
+from pantheon_site.models import AccessToken, Role
+
+
+def visible_to(queryset: QuerySet, viewer: AccessToken | None) -> QuerySet:
+    """The rows of `queryset` (batches or files) that `viewer` may see."""
+    if viewer is None or viewer.role == Role.OPERATOR:
+        return queryset
+    return queryset.filter(owner=viewer)
+
+
+def visible_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
+    """The batch, if `viewer` may see it; raises NotFound otherwise."""
+    batch = visible_to(Batch.objects.all(), viewer).filter(pk=batch_id).first()
+    if batch is None:
+        raise NotFound(f"no batch {batch_id!r}", reason="batch_not_found")
+    return batch
+
+
+def visible_file(file_id: str, viewer: AccessToken | None) -> StoredFile:
+    """The file, if `viewer` may see it; raises NotFound otherwise."""
+    stored = visible_to(StoredFile.objects.all(), viewer).filter(pk=file_id).first()
+    if stored is None:
+        raise NotFound(f"no file {file_id!r}", reason="file_not_found")
+    return stored
+
+
+def do_cancel_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
+    """Asks a batch to stop: validating or in_progress becomes cancelling (the batch's task lets the lines in flight
+    finish, starts no other, writes the output and error files of what ran and ends `cancelled`); cancelling a
+    cancelling or cancelled batch changes nothing (as OpenAI's). Raises NotFound for a batch the viewer cannot see
+    and InvalidRequest for one that already ended otherwise (completed, failed, expired, finalizing)."""
+    with transaction.atomic():
+        visible_batch(batch_id, viewer)
+        batch = Batch.objects.select_for_update().get(pk=batch_id)
+        if batch.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+            batch.status, batch.cancelling_at = BatchStatus.CANCELLING, timezone.now()
+            batch.save(update_fields=["status", "cancelling_at"])
+        elif batch.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
+            raise InvalidRequest(f"batch {batch_id} is {batch.status} and cannot be cancelled", reason="batch_ended")
+    return batch
