@@ -3,7 +3,7 @@
 
 from django.urls import path
 
-from admin_ui.views import audit, dashboard, models, playground, sessions, signin, tokens, weights
+from admin_ui.views import audit, batches, dashboard, models, playground, sessions, signin, tokens, weights
 
 app_name = "ui"
 
@@ -23,6 +23,9 @@ urlpatterns = [
     path("sessions/release/", sessions.release, name="session-release"),
     path("sessions/export/", sessions.export, name="session-export"),
     path("sessions/restore/", sessions.restore, name="session-restore"),
+    path("batches/", batches.page, name="batches"),
+    path("batches/live/", batches.live, name="batches-live"),
+    path("batches/cancel/", batches.cancel, name="batch-cancel"),
     path("weights/", weights.page, name="weights"),
     path("weights/clear-stale/", weights.clear_stale, name="weights-clear-stale"),
     path("tokens/", tokens.page, name="tokens"),

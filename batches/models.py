@@ -74,6 +74,8 @@ class BatchStatus(models.TextChoices):
 
 # The statuses a Celery task still has work in; the others are terminal.
 ACTIVE_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
+# The statuses a cancel moves to cancelling (batches/services.py do_cancel_batch); the UI offers Cancel on these.
+CANCELLABLE_STATUSES = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 
 
 class Batch(models.Model):

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from batches.models import Batch, BatchStatus, StoredFile
+from batches.models import CANCELLABLE_STATUSES, Batch, BatchStatus, StoredFile
 from pantheon_site.errors import InvalidRequest, NotFound
 from pantheon_site.models import AccessToken, Role
 
@@ -45,7 +45,7 @@ def do_cancel_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
     with transaction.atomic():
         visible_batch(batch_id, viewer)
         batch = Batch.objects.select_for_update().get(pk=batch_id)
-        if batch.status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS):
+        if batch.status in CANCELLABLE_STATUSES:
             batch.status, batch.cancelling_at = BatchStatus.CANCELLING, timezone.now()
             batch.save(update_fields=["status", "cancelling_at"])
         elif batch.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
