@@ -15,10 +15,12 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
+from batches.models import Batch, BatchStatus, FilePurpose
 from inference.models import CatalogModel
 from pantheon_site.models import AccessToken, AuditEvent
 from pantheon_site.tokens import do_create_token
 from tests.inference.serving import operator_client, wait_for
+from tests.ui.batch_data import make_batch, stored_file
 from tests.ui.conftest import STAFF_PASSWORD
 from tests.weights.weights_calls import Holder, new_token
 from tests.weights.weights_calls import status as weights_status
@@ -278,3 +280,39 @@ def test_the_weights_panel_shows_a_stale_trainer_the_operator_clears_and_the_lin
     assert weights_status(server)["attached"] is False
     event = AuditEvent.objects.get(operation="weights_clear_stale")
     assert (event.outcome, event.actor_kind, event.actor_label) == ("accepted", "user", "olga")
+
+
+def test_the_batches_page_shows_progress_and_cancels_a_running_batch(page: Page):
+    running = make_batch(BatchStatus.IN_PROGRESS, total=200, completed=57, failed=3, age_s=60)
+    done = make_batch(BatchStatus.COMPLETED, total=4, completed=4, output_file=stored_file(FilePurpose.BATCH_OUTPUT),
+                      age_s=30)  # fmt: skip
+    waiting = make_batch(BatchStatus.IN_PROGRESS, total=10, completed=2, waiting_reason="weights_torn")
+    page.goto("/ui/")
+    page.get_by_role("link", name="Batches").click()
+    expect(page).to_have_url(re.compile(r"/ui/batches/$"))
+    row = page.locator(f"#batches tr[data-batch='{running.id}']")
+    expect(row.locator(".batch-status")).to_have_text("in_progress")
+    expect(row.locator(".batch-counts")).to_have_text("57 / 3 / 200")
+    expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "30")
+    finished = page.locator(f"#batches tr[data-batch='{done.id}']")
+    expect(finished.locator(".batch-status")).to_have_text("completed")
+    expect(finished.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+    expect(finished.locator("a.output-file")).to_have_attribute("href", f"/v1/files/{done.output_file_id}/content")
+    expect(finished.get_by_role("button", name="Cancel")).to_have_count(0)
+    expect(page.locator(f"#batches tr[data-batch='{waiting.id}'] .batch-waiting")).to_have_text("waiting: weights_torn")
+    shot(page, "batches")
+
+    # A line recorded meanwhile shows without a reload: the list polls while a batch is at work.
+    Batch.objects.filter(pk=running.pk).update(completed_count=97)
+    expect(row.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "50")
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Cancel").click()
+    expect(page.locator("main .notice.ok")).to_contain_text(f"Batch {running.id} is cancelling")
+    expect(row.locator(".batch-status")).to_have_text("cancelling")
+    expect(row.get_by_role("button", name="Cancel")).to_have_count(0)
+    assert Batch.objects.get(pk=running.pk).status == BatchStatus.CANCELLING
+    assert Batch.objects.get(pk=waiting.pk).status == BatchStatus.IN_PROGRESS
+    event = AuditEvent.objects.get(operation="batch_cancel")
+    assert (event.outcome, event.actor_kind, event.actor_label) == ("accepted", "user", "olga")
+    assert event.details["batch_id"] == running.id
