@@ -11,9 +11,7 @@ def stored_file(purpose: str = FilePurpose.BATCH, lines: int = 10) -> StoredFile
     return StoredFile.objects.create(filename="requests.jsonl", purpose=purpose, bytes=100 * lines, line_count=lines)
 
 
-def make_batch(
-    status: str, total: int = 10, completed: int = 0, failed: int = 0, age_s: float = 0, **fields
-) -> Batch:
+def make_batch(status: str, total: int = 10, completed: int = 0, failed: int = 0, age_s: float = 0, **fields) -> Batch:
     """A batch of `total` lines, `completed` and `failed` of them recorded, created `age_s` seconds ago (or at
     `created_at`)."""
     created = fields.pop("created_at", None) or timezone.now() - timedelta(seconds=age_s)

@@ -82,10 +82,11 @@ def test_the_batch_object_is_the_one_the_openai_package_reads():
 def test_each_row_shows_its_status_counts_progress_and_a_cancel_only_where_it_stops_something(operator):
     running = make_batch(BatchStatus.IN_PROGRESS, total=8, completed=3, failed=1, waiting_reason="weights_held")
     checking = make_batch(BatchStatus.VALIDATING, total=0)
-    done = make_batch(BatchStatus.COMPLETED, total=5, completed=4, failed=1,
-                      output_file=stored_file(FilePurpose.BATCH_OUTPUT), error_file=stored_file(FilePurpose.BATCH_OUTPUT))  # fmt: skip
-    refused = make_batch(BatchStatus.FAILED, total=0, errors=[{"code": "invalid_json_line", "message": "not JSON",
-                                                               "line": 2}])  # fmt: skip
+    files = {"output_file": stored_file(FilePurpose.BATCH_OUTPUT), "error_file": stored_file(FilePurpose.BATCH_OUTPUT)}
+    done = make_batch(BatchStatus.COMPLETED, total=5, completed=4, failed=1, **files)
+    refused = make_batch(
+        BatchStatus.FAILED, total=0, errors=[{"code": "invalid_json_line", "message": "not JSON", "line": 2}]
+    )
     rows = _rows(operator.get(reverse("ui:batches")))
     assert list(rows) == [refused.id, done.id, checking.id, running.id]  # newest first
 
@@ -105,7 +106,7 @@ def test_the_list_polls_while_a_batch_is_at_work_and_stops_once_none_is(operator
     assert 'hx-trigger="every' not in operator.get(reverse("ui:batches")).content.decode()
     Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.FINALIZING)
     live = operator.get(reverse("ui:batches-live")).content.decode()
-    assert f'hx-get="{reverse("ui:batches-live")}" hx-trigger="every 2s"' in live and "<nav class=\"top\">" not in live
+    assert f'hx-get="{reverse("ui:batches-live")}" hx-trigger="every 2s"' in live and '<nav class="top">' not in live
     Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.CANCELLED)
     assert 'hx-trigger="every' not in operator.get(reverse("ui:batches-live")).content.decode()
 
@@ -117,10 +118,11 @@ def test_paging_walks_to_older_batches_without_repeats_and_keeps_the_status_filt
     running += [make_batch(BatchStatus.IN_PROGRESS, created_at=same_time) for _ in range(10)]
     for i in range(3):
         make_batch(BatchStatus.COMPLETED, age_s=i + 0.5)
-    expected = list(Batch.objects.filter(status="in_progress").order_by("-created_at", "-id").values_list("id", flat=True))
+    newest_first = Batch.objects.filter(status="in_progress").order_by("-created_at", "-id")
+    expected = list(newest_first.values_list("id", flat=True))
     first = operator.get(reverse("ui:batches"), {"status": "in_progress"})
     assert list(_rows(first)) == expected[:PAGE_SIZE] and _link(first, "first") is None
-    second = operator.get(reverse("ui:batches") + _link(first, "next").removeprefix(reverse("ui:batches")))
+    second = operator.get(_link(first, "next"))
     assert list(_rows(second)) == expected[PAGE_SIZE:] and _link(second, "next") is None
     assert list(_rows(operator.get(_link(second, "first")))) == expected[:PAGE_SIZE]
     assert len(set(expected)) == len(running) == PAGE_SIZE + 5
