@@ -84,14 +84,11 @@ def prune_audit_log(retention_days: float | None = None, *, now: datetime | None
 
 def _delete_through(db: str, last_id: int) -> None:
     """DELETE the rows up to `last_id` past the trigger: on PostgreSQL the trigger lets through a DELETE of rows up
-    to the id the transaction-local setting names, cleared again at once so nothing later in the same transaction
-    (a test's, an outer caller's) inherits it; a failed DELETE rolls the setting back with the transaction.
-    SQLite's trigger refuses UPDATE only."""
+    to the id the transaction-local setting names. It lasts to the end of the transaction and needs no clearing:
+    once these rows are gone no row with an id that low remains, and new rows get higher ids. SQLite's trigger
+    refuses UPDATE only."""
     connection = connections[db]
-    postgresql = connection.vendor == "postgresql"
     with connection.cursor() as cursor:
-        if postgresql:
+        if connection.vendor == "postgresql":
             cursor.execute("SELECT set_config(%s, %s, true)", [PRUNE_SETTING, str(last_id)])
         cursor.execute(f"DELETE FROM {TABLE} WHERE id <= %s", [last_id])
-        if postgresql:
-            cursor.execute("SELECT set_config(%s, '', true)", [PRUNE_SETTING])

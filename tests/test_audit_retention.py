@@ -136,7 +136,7 @@ def test_on_postgresql_a_raw_delete_is_still_refused_before_and_after_a_prune():
     kept = _write(2)
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [old[0].id])
-    prune_audit_log(30)  # in this test's transaction: its setting must not outlive its own DELETE
+    prune_audit_log(30)  # in this test's transaction: the setting it leaves names only ids already gone
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         _raw(f"DELETE FROM {TABLE} WHERE id = %s", [kept[0].id])
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
