@@ -5,8 +5,11 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from pantheon_site.audit import verify_audit_log
@@ -83,6 +86,17 @@ def test_a_prune_of_every_event_still_verifies_and_a_second_prune_chains_on():
     assert later.pruned == 3 and later.event.details["anchor_hash"] != first_prune.details["anchor_hash"]
     assert not AuditEvent.objects.filter(pk=first_prune.pk).exists()
     assert "1 events verified (older events were pruned" in _verify()
+
+
+def test_the_ui_check_says_the_chain_starts_where_retention_cut_it():
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_user("ops-admin", password="x" * 12, is_staff=True))
+    _write(2, days_ago=40)
+    _write(2)
+    assert "pruned by retention" not in staff.get(reverse("ui:audit-verify")).content.decode()
+    prune_audit_log(30)
+    content = staff.get(reverse("ui:audit-verify")).content.decode()
+    assert "Hash chain intact: 3 events verified\n  (older events were pruned by retention" in content
 
 
 def test_removing_a_row_in_the_middle_after_a_prune_is_still_reported():
