@@ -1,8 +1,10 @@
 """Expired tokens: the periodic work writes one token_expired audit event per token, once, with its expiry."""
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from pantheon_site.audit import verify_audit_log
@@ -45,3 +47,15 @@ def test_a_token_revoked_before_it_expired_gets_no_expiry_event():
     do_revoke_token("revoked")
     assert record_expired_tokens(now=now + timedelta(hours=1)) == []
     assert _expired_events() == []
+
+
+def test_manage_run_periodic_runs_the_named_task_now():
+    do_create_token("client", "gone", expires_at=timezone.now() - timedelta(minutes=5))
+    out = StringIO()
+    call_command("run_periodic", "record-expired-tokens", stdout=out)
+    assert out.getvalue() == "record-expired-tokens: 1\n"
+    assert [e.details["label"] for e in _expired_events()] == ["gone"]
+    run = AuditEvent.objects.get(operation="periodic_run")
+    assert (run.actor_kind, run.details) == ("cli", {"done": {"record-expired-tokens": 1}})
+    with pytest.raises(CommandError, match="no periodic task nightly"):
+        call_command("run_periodic", "nightly")
