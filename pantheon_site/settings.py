@@ -365,6 +365,10 @@ PANTHEON_BATCH_OUTPUT_RETENTION_DAYS = _env_float("PANTHEON_BATCH_OUTPUT_RETENTI
 PANTHEON_AUDIT_RETENTION_DAYS = _env_float("PANTHEON_AUDIT_RETENTION_DAYS", 0.0)
 # Audit retention: how often the prune runs (it does nothing while the retention is 0).
 PANTHEON_AUDIT_PRUNE_INTERVAL_S = _env_float("PANTHEON_AUDIT_PRUNE_INTERVAL_S", 3600.0)
+# Batches (batches/tasks.py, the runner's): how often a batch whose Celery task is gone is started again (a task that
+# died holds its lease at most PANTHEON_BATCH_LEASE_S), and how often batches past their window are ended.
+PANTHEON_BATCH_RESUME_INTERVAL_S = _env_float("PANTHEON_BATCH_RESUME_INTERVAL_S", 30.0)
+PANTHEON_BATCH_EXPIRE_INTERVAL_S = _env_float("PANTHEON_BATCH_EXPIRE_INTERVAL_S", 60.0)
 # Beat's own record of when each task last ran, under the data folder rather than the working directory.
 CELERY_BEAT_SCHEDULE_FILENAME = str(PANTHEON_DATA_DIR / "celerybeat-schedule")
 # Each run expires after one interval: runs missed while no Celery worker was up are not all replayed at once.
@@ -375,5 +379,7 @@ CELERY_BEAT_SCHEDULE = {
         ("mark-stale-workers", "inference.mark_stale_workers", PANTHEON_STALE_WORKER_INTERVAL_S),
         ("prune-expired-files", "batches.prune_expired_files", PANTHEON_FILE_PRUNE_INTERVAL_S),
         ("prune-audit-log", "pantheon_site.prune_audit_log", PANTHEON_AUDIT_PRUNE_INTERVAL_S),
+        ("resume-batches", "batches.resume_batches", PANTHEON_BATCH_RESUME_INTERVAL_S),
+        ("expire-batches", "batches.expire_batches", PANTHEON_BATCH_EXPIRE_INTERVAL_S),
     ]
 }

@@ -22,5 +22,9 @@ class Command(PantheonCommand):
         if unknown:
             raise CommandError(f"no periodic task {', '.join(unknown)}; the schedule has {', '.join(schedule)}")
         app.loader.import_default_modules()  # the apps' tasks and periodic modules, as a Celery worker loads them
-        done = {name: app.tasks[schedule[name]["task"]]() for name in names or schedule}
+        chosen = names or list(schedule)
+        missing = [schedule[name]["task"] for name in chosen if schedule[name]["task"] not in app.tasks]
+        if missing:
+            raise CommandError(f"the schedule names tasks no app defines: {', '.join(missing)}")
+        done = {name: app.tasks[schedule[name]["task"]]() for name in chosen}
         return CommandResult(lines=[f"{name}: {count}" for name, count in done.items()], details={"done": done})
