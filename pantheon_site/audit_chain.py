@@ -15,10 +15,11 @@ links to a hash no prune recorded).
 
 The trigger makes the table append-only below the ORM: on PostgreSQL it refuses UPDATE and DELETE, so even raw SQL
 cannot rewrite history quietly without first dropping it (which needs the table owner's rights); the one DELETE it
-lets through is retention's, of rows up to the id named by the transaction-local setting `pantheon.audit_prune_through`
-(`PRUNE_SETTING`), which the prune sets and clears around its own DELETE. On SQLite it refuses UPDATE only, since
-Django empties SQLite tables with DELETE between tests. TRUNCATE (Django's flush on PostgreSQL)
-is left to the database's privileges: it leaves an empty log, which verifies but cannot pass for the old one.
+lets through is retention's, of rows up to the id named by the transaction-local setting `PRUNE_SETTING`, which the
+prune sets in its own transaction (a stray DELETE has none; the setting needs no privilege, so it guards against
+mistakes, and the chain against the rest). On SQLite it refuses UPDATE only, since Django empties SQLite tables with
+DELETE between tests. TRUNCATE (Django's flush on PostgreSQL) is left to the database's privileges: it leaves an
+empty log, which verifies but cannot pass for the old one.
 """
 
 from __future__ import annotations
