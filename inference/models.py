@@ -100,7 +100,10 @@ class Worker(models.Model):
     """The long-lived engine process for one device (`cpu` or `cuda:N`), as the supervisor last saw it.
 
     One row per device, reused across restarts: `restarts` counts how often the supervisor brought it back.
-    `endpoint` is the ZMQ address the control plane talks to it on.
+    `endpoint` is the ZMQ address the control plane talks to it on. A running serve rewrites the row at least every
+    HEARTBEAT_RECORD_S (inference/runtime/control_plane.py), so `updated_at` says when one last vouched for it: a row
+    `starting` or `ready` that none did for PANTHEON_WORKER_STALE_AFTER_S is marked dead by the periodic work
+    (inference/services/stale_workers.py).
     """
 
     device = models.CharField(max_length=32, unique=True)

@@ -4,7 +4,8 @@
 control plane starts itself): accepted, or refused with the error it raised. `audit_request` / `aaudit_request`
 write the refused event of a route call turned away before it ran (`require_role`, pantheon_site/auth.py).
 `record_audit_event` / `arecord_audit_event` are the general form (the supervisor's crash records).
-`verify_audit_log` checks the hash chain (pantheon_site/audit_chain.py).
+`verify_audit_log` checks the hash chain (pantheon_site/audit_chain.py), from GENESIS or from the anchor a retention
+prune recorded.
 """
 
 from __future__ import annotations
@@ -117,11 +118,21 @@ def event_as_dict(event: AuditEvent) -> dict:
     }
 
 
+PRUNE_OPERATION = "audit_pruned"
+
+
+def prune_anchors() -> frozenset[str]:
+    """The hashes the log's own `audit_pruned` events recorded as where retention cut the chain. Read from the rows
+    the walk then checks, so an anchor in an altered row is reported with that row."""
+    anchors = AuditEvent.objects.filter(operation=PRUNE_OPERATION, outcome=Outcome.ACCEPTED)
+    return frozenset(h for h in anchors.values_list("details__anchor_hash", flat=True) if isinstance(h, str))
+
+
 def verify_audit_log() -> ChainReport:
     """Walk the whole log in the order it was written and report the first broken link (manage.py audit --verify,
-    the audit page)."""
+    the audit page). The first row may link to an anchor a prune recorded (pantheon_site/audit_retention.py)."""
     head = AuditChainHead.objects.filter(pk=AuditChainHead.HEAD_ID).values_list("last_hash", flat=True).first()
-    return verify_chain(AuditEvent.objects.order_by("id").iterator(chunk_size=5000), head)
+    return verify_chain(AuditEvent.objects.order_by("id").iterator(chunk_size=5000), head, prune_anchors())
 
 
 def request_actor(request, token: AccessToken | None = None) -> dict:

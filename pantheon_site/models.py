@@ -19,7 +19,8 @@ class AccessToken(models.Model):
 
     The secret is shown once, at creation (`pantheon_site.tokens.do_create_token`). `prefix` is its first characters,
     public and indexed, so authentication finds the candidate rows without scanning and then compares the digest in
-    constant time. A token is usable while it is neither revoked nor past `expires_at`.
+    constant time. A token is usable while it is neither revoked nor past `expires_at`. `expiry_audited_at` is when
+    the periodic work recorded its `token_expired` event (pantheon_site/token_expiry.py), so it is recorded once.
     """
 
     label = models.CharField(max_length=100, unique=True)
@@ -30,6 +31,9 @@ class AccessToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    expiry_audited_at = models.DateTimeField(
+        null=True, blank=True, help_text="when its token_expired event was written"
+    )
 
     class Meta:
         ordering = ["label"]

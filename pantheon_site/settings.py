@@ -345,3 +345,41 @@ SPECTACULAR_SETTINGS = {
 # --- faults survived (docs/reliability.md) ---
 # Retry-After seconds of a 503 service_unavailable: a route that needs the database while it cannot be reached.
 PANTHEON_RETRY_AFTER_UNAVAILABLE_S = _env_float("PANTHEON_RETRY_AFTER_UNAVAILABLE_S", 5.0)
+
+# --- periodic work on Celery beat (docs/periodic.md) ---
+# Where stored files' content lives, one file per id (the Files API's; repeated here for file retention).
+PANTHEON_FILES_DIR = Path(_env_str("PANTHEON_FILES_DIR", str(PANTHEON_DATA_DIR / "files"))).resolve()
+# How often each periodic task runs, in seconds. Token expiry: how late a token_expired event may be written.
+PANTHEON_TOKEN_EXPIRY_INTERVAL_S = _env_float("PANTHEON_TOKEN_EXPIRY_INTERVAL_S", 60.0)
+# Stale workers: how often worker rows a dead serve left are looked for.
+PANTHEON_STALE_WORKER_INTERVAL_S = _env_float("PANTHEON_STALE_WORKER_INTERVAL_S", 30.0)
+# A starting or ready worker row no running serve rewrote for this long is marked dead. A running serve rewrites
+# its rows every 10 s (inference/runtime/control_plane.py), so this must exceed 11 s; the margin covers a serve
+# briefly unable to reach the database.
+PANTHEON_WORKER_STALE_AFTER_S = _env_float("PANTHEON_WORKER_STALE_AFTER_S", 120.0)
+# Expired files: how often they are pruned (row and content).
+PANTHEON_FILE_PRUNE_INTERVAL_S = _env_float("PANTHEON_FILE_PRUNE_INTERVAL_S", 600.0)
+# A batch's output and error files expire this many days after they are written, as OpenAI's do (0: kept).
+PANTHEON_BATCH_OUTPUT_RETENTION_DAYS = _env_float("PANTHEON_BATCH_OUTPUT_RETENTION_DAYS", 30.0)
+# Audit events older than this many days are pruned, the pruning itself audited (0: never delete any).
+PANTHEON_AUDIT_RETENTION_DAYS = _env_float("PANTHEON_AUDIT_RETENTION_DAYS", 0.0)
+# Audit retention: how often the prune runs (it does nothing while the retention is 0).
+PANTHEON_AUDIT_PRUNE_INTERVAL_S = _env_float("PANTHEON_AUDIT_PRUNE_INTERVAL_S", 3600.0)
+# Batches (batches/tasks.py, the runner's): how often a batch whose Celery task is gone is started again (a task that
+# died holds its lease at most PANTHEON_BATCH_LEASE_S), and how often batches past their window are ended.
+PANTHEON_BATCH_RESUME_INTERVAL_S = _env_float("PANTHEON_BATCH_RESUME_INTERVAL_S", 30.0)
+PANTHEON_BATCH_EXPIRE_INTERVAL_S = _env_float("PANTHEON_BATCH_EXPIRE_INTERVAL_S", 60.0)
+# Beat's own record of when each task last ran, under the data folder rather than the working directory.
+CELERY_BEAT_SCHEDULE_FILENAME = str(PANTHEON_DATA_DIR / "celerybeat-schedule")
+# Each run expires after one interval: runs missed while no Celery worker was up are not all replayed at once.
+CELERY_BEAT_SCHEDULE = {
+    name: {"task": task, "schedule": every, "options": {"expires": every}}
+    for name, task, every in [
+        ("record-expired-tokens", "pantheon_site.record_expired_tokens", PANTHEON_TOKEN_EXPIRY_INTERVAL_S),
+        ("mark-stale-workers", "inference.mark_stale_workers", PANTHEON_STALE_WORKER_INTERVAL_S),
+        ("prune-expired-files", "batches.prune_expired_files", PANTHEON_FILE_PRUNE_INTERVAL_S),
+        ("prune-audit-log", "pantheon_site.prune_audit_log", PANTHEON_AUDIT_PRUNE_INTERVAL_S),
+        ("resume-batches", "batches.resume_batches", PANTHEON_BATCH_RESUME_INTERVAL_S),
+        ("expire-batches", "batches.expire_batches", PANTHEON_BATCH_EXPIRE_INTERVAL_S),
+    ]
+}

@@ -43,7 +43,10 @@ SYNC_INTERVAL_S = 1.0
 CATALOG_REFRESH_S = 5.0
 DRAIN_POLL_S = 0.05
 DRAIN_FLUSH_S = 0.2  # after the last completion ended, time for its final bytes to reach the client
-HEARTBEAT_RECORD_S = 10.0  # a worker's last_heartbeat row is refreshed this often, not on every heartbeat
+# A worker's row is rewritten at least this often while serve runs (its last_heartbeat refreshed then, not on every
+# heartbeat): its updated_at is how the periodic stale-worker check (inference/services/stale_workers.py) knows a
+# running serve still vouches for it, even while the worker itself is silent.
+HEARTBEAT_RECORD_S = 10.0
 WORKER_STATES = {"starting": WorkerState.STARTING, "ready": WorkerState.READY, "restarting": WorkerState.DEAD,
                  "stopped": WorkerState.STOPPED}  # fmt: skip
 INSTANCE_STATES = {"ready": InstanceState.READY, "reloading": InstanceState.LOADING,
@@ -56,6 +59,7 @@ class WorkerRecord:
     state: str
     restarts: int
     heartbeat: float  # wall time of the last heartbeat written
+    written: float  # time.monotonic() of the sync that wrote the row
 
 
 # Loads a catalogued model into the router's engine as the system's own audited load; `trigger` says why
@@ -194,14 +198,15 @@ class ControlPlane:
             return
         links = self.client.workers()
         changes = {}
+        now = time.monotonic()
         for device, worker in self.supervisor.workers.items():
             link = links.get(device)
             heartbeat = link.last_seen_wall if link else 0.0
             record = WorkerRecord(worker.process.pid, WORKER_STATES.get(worker.state, WorkerState.DEAD),
-                                  worker.restarts, heartbeat)  # fmt: skip
+                                  worker.restarts, heartbeat, now)  # fmt: skip
             last = self._workers.get(device)
             if last and (last.pid, last.state, last.restarts) == (record.pid, record.state, record.restarts):
-                if heartbeat - last.heartbeat < HEARTBEAT_RECORD_S:
+                if now - last.written < HEARTBEAT_RECORD_S:  # rewritten even when the heartbeat is stuck
                     continue
             changes[device] = record
         if changes:
