@@ -30,7 +30,7 @@ from django.utils import timezone
 from batches.files import content_path
 from batches.jsonl import NotAnObject, lines, parse_object
 from batches.models import Batch, BatchLine, BatchStatus, FilePurpose, StoredFile
-from batches.services import visible_file, visible_to
+from batches.services import is_storable_text, visible_file, visible_to
 from pantheon_site.errors import InvalidRequest, NotFound
 from pantheon_site.models import AccessToken
 
@@ -113,10 +113,11 @@ def _metadata(metadata: Any) -> dict[str, str] | None:
             or len(key) > METADATA_KEY_MAX_CHARS
             or not isinstance(value, str)
             or len(value) > METADATA_VALUE_MAX_CHARS
+            or not (is_storable_text(key) and is_storable_text(value))
         ):
             raise _bad(
                 f"metadata keys must be strings of at most {METADATA_KEY_MAX_CHARS} characters and its values strings "
-                f"of at most {METADATA_VALUE_MAX_CHARS} (key {key!r:.80})",
+                f"of at most {METADATA_VALUE_MAX_CHARS} (UTF-8, no NUL; key {key!r:.80})",
                 "metadata",
                 "metadata",
             )
@@ -182,8 +183,12 @@ def _request_id(raw: bytes, number: int, endpoint: str, seen: dict[str, int]) ->
         if name not in request:
             raise _BadLine("missing_required_parameter", f"this request has no {name}", name, number)
     custom_id = request["custom_id"]
-    if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= CUSTOM_ID_MAX_CHARS:
-        message = f"custom_id must be a string of 1 to {CUSTOM_ID_MAX_CHARS} characters"
+    if (
+        not isinstance(custom_id, str)
+        or not 1 <= len(custom_id) <= CUSTOM_ID_MAX_CHARS
+        or not is_storable_text(custom_id)
+    ):
+        message = f"custom_id must be a string of 1 to {CUSTOM_ID_MAX_CHARS} characters (UTF-8, no NUL)"
         raise _BadLine("invalid_value", message, "custom_id", number)
     if request["method"] != "POST":
         raise _BadLine("invalid_value", f"method must be POST (got {request['method']!r:.40})", "method", number)

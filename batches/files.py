@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from batches.jsonl import NotAnObject, parse_object, read_lines
 from batches.models import ACTIVE_STATUSES, Batch, FilePurpose, StoredFile
-from batches.services import visible_to
+from batches.services import is_storable_text, visible_to
 from pantheon_site.errors import InvalidRequest, NotFound, RequestTooLarge
 from pantheon_site.models import AccessToken
 
@@ -64,9 +64,11 @@ def check_upload_options(purpose: str, filename: str, expires_after_seconds: int
             param="purpose",
             code="invalid_value",
         )
-    if not filename or len(filename) > FILENAME_MAX_CHARS:
+    if not filename or len(filename) > FILENAME_MAX_CHARS or not is_storable_text(filename):
         raise InvalidRequest(
-            f"the file needs a name of 1 to {FILENAME_MAX_CHARS} characters", reason="file_name", param="file"
+            f"the file needs a name of 1 to {FILENAME_MAX_CHARS} characters (UTF-8, no NUL)",
+            reason="file_name",
+            param="file",
         )
     low, high = EXPIRY_SECONDS
     if expires_after_seconds is not None and not low <= expires_after_seconds <= high:
@@ -174,7 +176,9 @@ def do_delete_file(file_id: str, viewer: AccessToken | None) -> None:
     with transaction.atomic():
         # Locked, so a batch being created on this file (batch_create.record_batch locks it too) either sees it
         # gone or is seen here.
-        stored = visible_to(StoredFile.objects.select_for_update(), viewer).filter(pk=file_id).first()
+        stored = None
+        if is_storable_text(file_id):
+            stored = visible_to(StoredFile.objects.select_for_update(), viewer).filter(pk=file_id).first()
         if stored is None:
             raise NotFound(f"no file {file_id!r}", reason="file_not_found")
         reader = Batch.objects.filter(input_file_id=file_id, status__in=ACTIVE_STATUSES).first()

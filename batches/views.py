@@ -50,6 +50,8 @@ async def file_collection(request):
     ascending = _order(query.get("order"))
     rows = services.visible_to(StoredFile.objects.all(), viewer)
     if query.get("purpose"):
+        if not services.is_storable_text(query["purpose"]):
+            raise InvalidRequest("purpose: not a purpose", reason="file_purpose", param="purpose")
         rows = rows.filter(purpose=query["purpose"])
     found, has_more = await sync_to_async(page)(rows, after=query.get("after"), limit=limit, ascending=ascending)
     return JsonResponse(list_body([file_object(f) for f in found], has_more))

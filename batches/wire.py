@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from batches.models import Batch, StoredFile
+from batches.services import is_storable_text
 from pantheon_site.errors import InvalidRequest
 
 
@@ -70,7 +71,7 @@ def page(rows: QuerySet, *, after: str | None, limit: int, ascending: bool = Fal
     direction = "" if ascending else "-"
     ordered = rows.order_by(f"{direction}created_at", f"{direction}id")
     if after is not None:
-        cursor = rows.filter(pk=after).values("created_at", "id").first()
+        cursor = rows.filter(pk=after).values("created_at", "id").first() if is_storable_text(after) else None
         if cursor is None:
             raise InvalidRequest(f"after: no object has id {after!r:.80}", reason="page_cursor", param="after")
         later = "gt" if ascending else "lt"
