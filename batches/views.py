@@ -64,13 +64,29 @@ async def _upload(request, owner) -> StoredFile:
     seconds = _expiry(form)
     files.check_upload_options(purpose, filename, seconds)
     uploaded.seek(0)
-    staged = await asyncio.to_thread(files.stage_upload, uploaded.file)
+    staged = await _stage(uploaded.file)
     try:
         return await sync_to_async(files.record_upload)(
             staged, filename=filename, purpose=purpose, owner=owner, expires_after_seconds=seconds
         )
     finally:
         staged.discard()  # gone already unless the request was cancelled before it was recorded
+
+
+async def _stage(source: BinaryIO) -> files.StagedFile:
+    """files.stage_upload on a thread of its own. If the request is cancelled meanwhile (the client went away), the
+    thread still ends, and what it staged is discarded then."""
+    work = asyncio.ensure_future(asyncio.to_thread(files.stage_upload, source))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        work.add_done_callback(_discard_staged)
+        raise
+
+
+def _discard_staged(work: asyncio.Future) -> None:
+    if not work.cancelled() and work.exception() is None:
+        work.result().discard()
 
 
 def _form(request) -> tuple[Any, Any]:

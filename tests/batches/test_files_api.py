@@ -4,10 +4,15 @@ only its own files."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import threading
+
 import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
+from batches import views
 from batches.models import Batch, BatchStatus, StoredFile
 from tests.batches.conftest import auth, jsonl, request_line, upload
 
@@ -172,3 +177,32 @@ def test_a_client_token_sees_only_its_own_files_and_an_operator_sees_all(client,
     assert client.get(f"/v1/files/{theirs}/content", **auth(tokens["operator"])).status_code == 200
     assert client.delete(f"/v1/files/{theirs}", **auth(tokens["operator"])).status_code == 200
     assert StoredFile.objects.get(pk=mine).owner.label == "a-token"
+
+
+async def until(condition, timeout: float = 60.0) -> None:
+    """Polls `condition` (the event loop runs meanwhile); fails the test if it is still false after `timeout` s."""
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"condition not met within {timeout} s")
+
+
+async def test_an_upload_whose_request_is_cancelled_while_it_is_checked_leaves_no_file(files_dir):
+    """The client went away while its file was being checked: the check's thread ends, and its file is removed."""
+    release = threading.Event()
+
+    class SlowFile(io.BytesIO):
+        def __iter__(self):
+            release.wait(60)
+            return super().__iter__()
+
+    staging = asyncio.ensure_future(views._stage(SlowFile(THREE)))
+    await until(lambda: stored_names(files_dir))  # the thread has made its temporary file and is reading
+    [temporary] = stored_names(files_dir)
+    assert temporary.startswith(".upload-")
+    staging.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await staging
+    release.set()
+    await until(lambda: not stored_names(files_dir))
