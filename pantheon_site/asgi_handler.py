@@ -7,8 +7,8 @@ and joins were about a third of the server's CPU time (docs/performance.md). The
 database only to look a client token up where tokens are required (tests/test_auth.py), and for the short reads and
 writes of the Files and Batch routes (batches/views.py, which run their slow file work on threads of their own), so
 their requests share one long-lived single-thread executor instead (asgiref's caller-owned
-`ThreadSensitiveContext(executor=...)`), on which that work takes turns. Every other route (the operator API and the UI, which work with the database) keeps
-Django's thread per request, and with it a database connection per request."""
+`ThreadSensitiveContext(executor=...)`), on which that work takes turns. Every other route (the operator API and the
+UI, which work with the database) keeps Django's thread per request, and with it a database connection per request."""
 
 from __future__ import annotations
 
