@@ -89,7 +89,9 @@ class Batch(models.Model):
     endpoint = models.CharField(max_length=64)
     completion_window = models.CharField(max_length=16, default="24h")
     status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING)
-    input_file = models.ForeignKey(StoredFile, on_delete=models.PROTECT, related_name="+")
+    # The input file may be deleted once no active batch reads it (batches/files.py refuses before); the batch keeps
+    # its id, as OpenAI's does, so the column is not a database constraint.
+    input_file = models.ForeignKey(StoredFile, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
     output_file = models.ForeignKey(StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     error_file = models.ForeignKey(StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     metadata = models.JSONField(null=True, blank=True)

@@ -14,6 +14,19 @@ from pantheon_site.errors import InvalidRequest, NotFound
 from pantheon_site.models import AccessToken, Role
 
 
+def is_storable_text(text: str) -> bool:
+    """Whether the database can hold (or look up) `text`: PostgreSQL's text takes no NUL character, and UTF-8 no lone
+    surrogate (which JSON's \\ud800 escape makes). A client's id, name or custom_id that is not is refused, or is an
+    id that names nothing, before it reaches a query."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def visible_to(queryset: QuerySet, viewer: AccessToken | None) -> QuerySet:
     """The rows of `queryset` (batches or files) that `viewer` may see."""
     if viewer is None or viewer.role == Role.OPERATOR:
@@ -23,7 +36,9 @@ def visible_to(queryset: QuerySet, viewer: AccessToken | None) -> QuerySet:
 
 def visible_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
     """The batch, if `viewer` may see it; raises NotFound otherwise."""
-    batch = visible_to(Batch.objects.all(), viewer).filter(pk=batch_id).first()
+    batch = None
+    if is_storable_text(batch_id):
+        batch = visible_to(Batch.objects.all(), viewer).filter(pk=batch_id).first()
     if batch is None:
         raise NotFound(f"no batch {batch_id!r}", reason="batch_not_found")
     return batch
@@ -31,7 +46,9 @@ def visible_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
 
 def visible_file(file_id: str, viewer: AccessToken | None) -> StoredFile:
     """The file, if `viewer` may see it; raises NotFound otherwise."""
-    stored = visible_to(StoredFile.objects.all(), viewer).filter(pk=file_id).first()
+    stored = None
+    if is_storable_text(file_id):
+        stored = visible_to(StoredFile.objects.all(), viewer).filter(pk=file_id).first()
     if stored is None:
         raise NotFound(f"no file {file_id!r}", reason="file_not_found")
     return stored

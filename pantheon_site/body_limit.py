@@ -1,7 +1,8 @@
 """A ceiling on request bodies, as an ASGI wrapper around the whole application (inside CORS, so refusals carry it).
 
 A body over PANTHEON_MAX_BODY_BYTES is answered 413 invalid_request_error before the application reads any of it
-(a raw session file posted to POST /session/restore has its own ceiling, PANTHEON_SESSION_RESTORE_MAX_BYTES):
+(a raw session file posted to POST /session/restore has its own ceiling, PANTHEON_SESSION_RESTORE_MAX_BYTES, and a
+multipart upload to POST /v1/files PANTHEON_FILE_MAX_BYTES plus FORM_ALLOWANCE for the form's other parts):
 at once when Content-Length declares it, or, for a chunked body (no Content-Length), as soon as the bytes received
 pass the limit. The application is then told the client went away (`http.disconnect`), so Django stops reading,
 and the rest of the body is never handed to it. Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check (a 400) comes only
@@ -63,12 +64,19 @@ class BodyLimitMiddleware:
 
 RAW_RESTORE_PATH = "/session/restore"
 RAW_BODY_TYPE = b"application/octet-stream"
+FILES_PATH = "/v1/files"
+MULTIPART_TYPE = b"multipart/form-data"
+# Room for an upload's form around the file itself (boundaries, part headers, purpose, expires_after): the file's own
+# size is checked exactly by batches/files.py.
+FORM_ALLOWANCE = 64 * 1024
 
 
 def body_limit(scope) -> tuple[int, str]:
     """The ceiling on this request's body, and the setting that sets it."""
     if scope["path"] == RAW_RESTORE_PATH and header(scope, b"content-type").startswith(RAW_BODY_TYPE):
         return settings.PANTHEON_SESSION_RESTORE_MAX_BYTES, "PANTHEON_SESSION_RESTORE_MAX_BYTES"
+    if scope["path"] == FILES_PATH and header(scope, b"content-type").startswith(MULTIPART_TYPE):
+        return settings.PANTHEON_FILE_MAX_BYTES + FORM_ALLOWANCE, "PANTHEON_FILE_MAX_BYTES"
     return settings.PANTHEON_MAX_BODY_BYTES, "PANTHEON_MAX_BODY_BYTES"
 
 

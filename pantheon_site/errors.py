@@ -4,7 +4,8 @@ Code anywhere in a request raises one of these; `ErrorEnvelopeMiddleware` (plain
 handler (DRF views) and Django's handler404/400/500 (set in urls.py) all end in `error_response`, so every route
 answers in its envelope with the spec's status, `type` and headers. Two envelopes exist:
 
-* OpenAI-style `{"error": {"message", "type", "code": null}}` for `/`, `/v1/*`, `/admin/*`, `/session/*`;
+* OpenAI-style `{"error": {"message", "type", "code": null}}` for `/`, `/v1/*`, `/admin/*`, `/session/*` (plus
+  `param`, the request field at fault, when the error names one, as the Files and Batch routes' errors do);
 * management-style `{"success": false, "data": null, "error": {"code", "message", "reason", "details"}}` for
   `/api/weights/*`: a `ManagementError` (weights/errors.py) renders itself so, and `handler404` answers an unknown
   path under /api/weights/ in it too.
@@ -33,16 +34,30 @@ class PantheonError(Exception):
     """Base of every error a client can see. Subclasses fix `status` and `type`; instances carry the message.
 
     `reason` is a short machine word for the audit log (never shown to the client); `headers` go on the response.
+    `code` and `param` (OpenAI's: what went wrong, and which request field) may be given per instance.
     """
 
     status: int = 500
     type: str = "server_error"
     code: str | None = None  # the OpenAI envelope's `code` (null unless the error names one)
+    param: str | None = None  # the OpenAI envelope's `param`: sent only when the error names one
     default_message: str = "internal server error"
 
-    def __init__(self, message: str | None = None, *, reason: str = "", headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str = "",
+        headers: dict[str, str] | None = None,
+        code: str | None = None,
+        param: str | None = None,
+    ):
         self.message = message or self.default_message
         self.reason = reason
+        if code is not None:
+            self.code = code
+        if param is not None:
+            self.param = param
         self.headers = {**self.default_headers(), **(headers or {})}
         super().__init__(self.message)
 
@@ -288,6 +303,8 @@ def management_error_body(exc: ManagementError) -> dict:
 def openai_error_body(exc: PantheonError, *, streaming: bool = False) -> dict:
     """The OpenAI envelope; `streaming` adds the fields a terminal SSE error event carries (kv_used, kv_cap)."""
     error = {"message": exc.message, "type": exc.type, "code": exc.code}
+    if exc.param is not None:
+        error["param"] = exc.param
     if streaming:
         error.update(exc.stream_fields())
     return {"error": error}

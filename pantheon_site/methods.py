@@ -6,19 +6,21 @@ import functools
 from pantheon_site.errors import NotFound
 
 
-def only(method: str):
-    """Decorator for an async view that answers `method` only; the view says so in `http_methods`, which the route
-    table's tests (tests/test_route_guards.py: a state-changing route needs a token) and the OpenAPI document
+def only(method: str, *more: str):
+    """Decorator for an async view that answers `method` only (or those and `more`: a view that answers several
+    dispatches on request.method itself); the view says so in `http_methods`, which the route table's tests
+    (tests/test_route_guards.py: a state-changing route needs a token) and the OpenAPI document
     (pantheon_site/openapi.py) read."""
+    methods = frozenset({method, *more})
 
     def decorate(view):
         @functools.wraps(view)
         async def wrapper(request, *args, **kwargs):
-            if request.method != method:
+            if request.method not in methods:
                 raise NotFound()
             return await view(request, *args, **kwargs)
 
-        wrapper.http_methods = frozenset({method})
+        wrapper.http_methods = methods
         return wrapper
 
     return decorate

@@ -91,6 +91,7 @@ class OpenAIErrorObjectSerializer(serializers.Serializer):
     message = serializers.CharField()
     type = serializers.CharField(help_text="The error's type: invalid_request_error, model_not_found, ...")
     code = serializers.CharField(allow_null=True, help_text="null unless the type names one (weights_unsaved)")
+    param = serializers.CharField(required=False, help_text="The request field at fault, when the error names one")
 
 
 class OpenAIErrorSerializer(serializers.Serializer):

@@ -346,9 +346,18 @@ SPECTACULAR_SETTINGS = {
 # Retry-After seconds of a 503 service_unavailable: a route that needs the database while it cannot be reached.
 PANTHEON_RETRY_AFTER_UNAVAILABLE_S = _env_float("PANTHEON_RETRY_AFTER_UNAVAILABLE_S", 5.0)
 
-# --- periodic work on Celery beat (docs/periodic.md) ---
-# Where stored files' content lives, one file per id (the Files API's; repeated here for file retention).
+# --- Files and Batch API (docs/api/batches.md) ---
+# Where uploaded files and batches' output files are kept, one file per id (batches/files.py).
 PANTHEON_FILES_DIR = Path(_env_str("PANTHEON_FILES_DIR", str(PANTHEON_DATA_DIR / "files"))).resolve()
+# The largest file POST /v1/files takes, in bytes: OpenAI's batch input limit (200 MB). A multipart upload to /v1/files
+# is let through the body limit up to this much (plus room for the form's other fields) instead of
+# PANTHEON_MAX_BODY_BYTES (pantheon_site/body_limit.py).
+PANTHEON_FILE_MAX_BYTES = _env_int("PANTHEON_FILE_MAX_BYTES", 200 * 1024 * 1024)
+# The most requests (non-empty lines) one batch's input file may hold: OpenAI's limit. A larger file makes the batch
+# fail with too_many_tasks.
+PANTHEON_BATCH_MAX_LINES = _env_int("PANTHEON_BATCH_MAX_LINES", 50_000)
+
+# --- periodic work on Celery beat (docs/periodic.md) ---
 # How often each periodic task runs, in seconds. Token expiry: how late a token_expired event may be written.
 PANTHEON_TOKEN_EXPIRY_INTERVAL_S = _env_float("PANTHEON_TOKEN_EXPIRY_INTERVAL_S", 60.0)
 # Stale workers: how often worker rows a dead serve left are looked for.

@@ -6,10 +6,11 @@ from drf_spectacular.views import SpectacularAPIView
 from pantheon_site.metrics_route import metrics_view
 
 # The routes (/, /v1/*, /admin/*, /session/*, /api/weights/*, the UI's /ui/*) are added here by the apps that own
-# them.
+# them (/v1/files and /v1/batches by batches).
 urlpatterns = [
     path("", include("inference.urls")),
     path("", include("weights.urls")),
+    path("", include("batches.urls")),
     path("ui/", include("admin_ui.urls")),
     path("metrics", metrics_view),
     # The OpenAPI document of the routes above (pantheon_site/openapi.py), open like vLLM's /openapi.json.

@@ -52,6 +52,10 @@ OPEN_WITHOUT_CLIENT_TOKENS = {
     "/v1/embeddings": "generation is open unless PANTHEON_REQUIRE_CLIENT_TOKENS is set",
     "/v1/responses": "generation is open unless PANTHEON_REQUIRE_CLIENT_TOKENS is set",
     "/v1/responses/<str:response_id>": "a client's stored response (DELETE forgets it), open like /v1/responses",
+    "/v1/files": "uploading a batch input file, open like /v1 unless client tokens are required",
+    "/v1/files/<str:file_id>": "a client's file (DELETE deletes it), open like /v1/files",
+    "/v1/batches": "creating a batch, open like /v1 unless client tokens are required",
+    "/v1/batches/<str:batch_id>/cancel": "a client's batch, open like /v1/batches",
     "/session/restore": "a client restores its own session, open like /v1 unless client tokens are required",
     "/session/release": "a client releases its own session, open like /v1 unless client tokens are required",
 }

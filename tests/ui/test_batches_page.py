@@ -12,8 +12,8 @@ from django.utils import timezone
 from openai.types import Batch as OpenAIBatch
 
 from admin_ui.views.batches import PAGE_SIZE
-from batches.batch_rows import batch_object
 from batches.models import Batch, BatchStatus, FilePurpose
+from batches.wire import batch_object
 from pantheon_site.models import AuditEvent
 from pantheon_site.tokens import do_create_token
 from tests.ui.batch_data import make_batch, stored_file
@@ -75,7 +75,10 @@ def test_the_batch_object_is_the_one_the_openai_package_reads():
     assert parsed.created_at == int(batch.created_at.timestamp()) and parsed.completed_at is not None
     assert parsed.metadata == {"run": "eval-7"} and parsed.errors is None
 
-    refused = make_batch(BatchStatus.FAILED, errors=[{"code": "invalid_json_line", "message": "bad", "line": 3}])
+    refused = make_batch(
+        BatchStatus.FAILED,
+        errors={"object": "list", "data": [{"code": "invalid_json_line", "message": "bad", "line": 3}]},
+    )
     assert OpenAIBatch.model_validate(batch_object(refused)).errors.data[0].line == 3
 
 
@@ -85,7 +88,9 @@ def test_each_row_shows_its_status_counts_progress_and_a_cancel_only_where_it_st
     files = {"output_file": stored_file(FilePurpose.BATCH_OUTPUT), "error_file": stored_file(FilePurpose.BATCH_OUTPUT)}
     done = make_batch(BatchStatus.COMPLETED, total=5, completed=4, failed=1, **files)
     refused = make_batch(
-        BatchStatus.FAILED, total=0, errors=[{"code": "invalid_json_line", "message": "not JSON", "line": 2}]
+        BatchStatus.FAILED,
+        total=0,
+        errors={"object": "list", "data": [{"code": "invalid_json_line", "message": "not JSON", "line": 2}]},
     )
     rows = _rows(operator.get(reverse("ui:batches")))
     assert list(rows) == [refused.id, done.id, checking.id, running.id]  # newest first
