@@ -3,8 +3,8 @@
 A batch's output and error files get an `expires_at` when they have none: their creation plus
 PANTHEON_BATCH_OUTPUT_RETENTION_DAYS (OpenAI keeps them 30 days by default; 0 keeps them), stamped on the row so
 the Files API shows when each goes. An input file an active batch still reads is kept past its expiry until the
-batch ends; a file another batch still names as its input is kept while the batch row's PROTECT reference holds
-it. Deleting a row clears the output_file / error_file of the batch that wrote it (their FK is SET_NULL), as a
+batch ends (an ended batch keeps its input_file_id, as OpenAI's does, whether or not the file is still there).
+Deleting a row clears the output_file / error_file of the batch that wrote it (their FK is SET_NULL), as a
 client's DELETE does. The row goes first and the content after its transaction commits: a crash between leaves an
 orphaned file on disk, never a row whose content is gone.
 """
@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, ProtectedError
+from django.db.models import F
 from django.utils import timezone
 
 from batches.models import ACTIVE_STATUSES, Batch, FilePurpose, StoredFile
@@ -27,8 +27,7 @@ logger = logging.getLogger("pantheon.batches")
 
 @dataclass
 class FilePrune:
-    """What one prune did: the ids it deleted, those past expiry it kept (read by an active batch, or named by a
-    batch as its input), and how many output files it stamped with an expiry."""
+    """What one prune did: the ids it deleted, those past expiry it kept (read by an active batch), and how many output files it stamped with an expiry."""
 
     deleted: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
@@ -54,20 +53,16 @@ def prune_expired_files(*, now: datetime | None = None) -> FilePrune:
     expired = StoredFile.objects.filter(expires_at__lte=now)
     result.kept.extend(expired.filter(pk__in=in_use).values_list("pk", flat=True))
     for file_id in expired.exclude(pk__in=in_use).values_list("pk", flat=True):
-        try:
-            with transaction.atomic():
-                # Checked again under the row's lock: a batch may have started reading it meanwhile.
-                row = StoredFile.objects.select_for_update().filter(pk=file_id, expires_at__lte=now).first()
-                if row is None:
-                    continue
-                if Batch.objects.filter(status__in=ACTIVE_STATUSES, input_file_id=file_id).exists():
-                    result.kept.append(file_id)
-                    continue
-                row.delete()
-                transaction.on_commit(lambda file_id=file_id: _remove_content(file_id))
-        except ProtectedError:
-            result.kept.append(file_id)
-            continue
+        with transaction.atomic():
+            # Checked again under the row's lock: a batch may have started reading it meanwhile.
+            row = StoredFile.objects.select_for_update().filter(pk=file_id, expires_at__lte=now).first()
+            if row is None:
+                continue
+            if Batch.objects.filter(status__in=ACTIVE_STATUSES, input_file_id=file_id).exists():
+                result.kept.append(file_id)
+                continue
+            row.delete()
+            transaction.on_commit(lambda file_id=file_id: _remove_content(file_id))
         result.deleted.append(file_id)
     return result
 

@@ -54,15 +54,16 @@ def test_an_expired_file_goes_with_its_content_and_an_unexpired_one_stays(files_
     assert sorted(p.name for p in files_dir.iterdir()) == sorted([later.id, forever.id])
 
 
-def test_an_active_batchs_input_is_kept_past_its_expiry_until_the_batch_ends(files_dir, prune):
+def test_an_active_batchs_input_is_kept_past_its_expiry_and_goes_once_the_batch_ends(files_dir, prune):
     read = _file(files_dir, expires_in_s=-1)
     batch = _batch(read, BatchStatus.IN_PROGRESS)
     assert prune().kept == [read.id]
     assert (files_dir / read.id).exists() and StoredFile.objects.filter(pk=read.id).exists()
     Batch.objects.filter(pk=batch.pk).update(status=BatchStatus.COMPLETED)
-    # Ended, the batch still names it as its input (PROTECT): the row and content stay while that reference does.
-    assert prune().kept == [read.id]
-    assert (files_dir / read.id).exists()
+    # Ended, the batch no longer reads it: it goes, and the batch keeps naming it as its input (as OpenAI's does).
+    assert prune().deleted == [read.id]
+    assert not (files_dir / read.id).exists()
+    assert Batch.objects.get(pk=batch.pk).input_file_id == read.id
 
 
 def test_a_batchs_output_files_expire_after_the_retention_and_the_batch_forgets_them(files_dir, prune):
