@@ -345,3 +345,12 @@ SPECTACULAR_SETTINGS = {
 # --- faults survived (docs/reliability.md) ---
 # Retry-After seconds of a 503 service_unavailable: a route that needs the database while it cannot be reached.
 PANTHEON_RETRY_AFTER_UNAVAILABLE_S = _env_float("PANTHEON_RETRY_AFTER_UNAVAILABLE_S", 5.0)
+
+# --- batch priority (the Batch API's lines yield to interactive requests; docs/batch-priority.md) ---
+# The share of a model's slots (max_concurrent) that requests sent with X-Pantheon-Priority: batch may hold at once,
+# rounded down but at least one slot: the rest stay free for interactive requests, whatever a batch queues.
+PANTHEON_BATCH_SLOT_SHARE = _env_float("PANTHEON_BATCH_SLOT_SHARE", 0.5)
+if not 0 < PANTHEON_BATCH_SLOT_SHARE <= 1:
+    raise ImproperlyConfigured(
+        f"PANTHEON_BATCH_SLOT_SHARE must be in (0, 1], a share of a model's slots; got {PANTHEON_BATCH_SLOT_SHARE}"
+    )
