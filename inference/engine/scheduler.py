@@ -63,9 +63,9 @@ class Scheduler:
 
     `max_concurrent` sequences run (decode) at once, at most the runner's slot count, of them at most `batch_slots`
     batch-priority ones (None: any); `queue_depth` more of each priority may wait (see the module docstring); an
-    interactive one that waits longer than `queue_timeout` seconds is refused (queue_timeout). Every sequence added gets a
-    detector of loops over its last `repetition_span` tokens (repetition.py; 0: none), so a decode stuck repeating
-    itself ends with finish_reason "repetition_loop" rather than running on to `max_tokens`.
+    interactive one that waits longer than `queue_timeout` seconds is refused (queue_timeout). Every sequence added
+    gets a detector of loops over its last `repetition_span` tokens (repetition.py; 0: none), so a decode stuck
+    repeating itself ends with finish_reason "repetition_loop" rather than running on to `max_tokens`.
     """
 
     def __init__(
