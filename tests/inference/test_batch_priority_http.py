@@ -15,7 +15,7 @@ import pytest
 
 from inference.engine.contract.params import LoadOptions
 from inference.services.model_lifecycle import serving_limits
-from tests.inference.serving import bearer, wait_for
+from tests.inference.serving import wait_for
 from tests.inference.session_turns import load
 from tests.weights.weights_calls import Holder, new_token
 
