@@ -398,7 +398,7 @@ class HostedModel:
         s, pool = self.scheduler, self.model.runner.cache.pool
         if s.metrics is not None:
             sessions = len(s.sessions.sessions) if s.sessions else 0
-            s.metrics.occupancy(waiting=len(s.waiting), decoding=len(s.running), blocks_used=pool.num_used,
+            s.metrics.occupancy(waiting=s.num_waiting(), decoding=len(s.running), blocks_used=pool.num_used,
                                 blocks_free=pool.num_free, sessions=sessions)  # fmt: skip
 
     def status(self) -> p.ModelStatus:
@@ -413,7 +413,7 @@ class HostedModel:
             slots_used=len(s.running),
             slots_total=s.runner.max_concurrent,
             running=len(s.running),
-            waiting=len(s.waiting),
+            waiting=s.num_waiting(),
             max_concurrent=s.max_concurrent,
             context_window=s.context_window,
             blocks_total=pool.num_blocks,

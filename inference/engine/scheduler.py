@@ -113,8 +113,11 @@ class Scheduler:
 
     @property
     def waiting(self) -> list[Sequence]:
-        """Every waiting sequence, interactive ones first."""
+        """Every waiting sequence, interactive ones first (a copy: `num_waiting` only counts them)."""
         return [*self.queues["interactive"], *self.queues["batch"]]
+
+    def num_waiting(self) -> int:
+        return len(self.queues["interactive"]) + len(self.queues["batch"])
 
     @property
     def has_work(self) -> bool:
