@@ -217,7 +217,7 @@ class WeightsTorn(_RetryableError):
 
 class WeightsHeld(_RetryableError):
     """503: a batch-priority request (X-Pantheon-Priority: batch) for a model whose weights a trainer holds (the
-    barrier quiesced, a commit writing, a save or load in progress); interactive requests wait in the queue instead.
+    barrier quiesced, a commit writing, a weights load in progress); interactive requests wait in the queue instead.
     The Batch API's runner waits Retry-After (WEIGHTS_HOLD_TIMEOUT_S) and sends the line again. Not in the spec's
     /v1 table (docs/api/choices.md)."""
 

@@ -32,15 +32,16 @@ class ModelPlacement:
 
     def weights_held(self) -> str | None:
         """Why batch work must wait for this model's weights, or None: a trainer holds them (the barrier quiesced,
-        a commit writing, a save or a load in progress), as the last snapshot says. Interactive requests queue
-        behind the hold instead; a batch line is refused at once (weights_held) and its runner retries."""
+        a commit writing, a weights load pausing serving; a save serves on), as the last snapshot says. Interactive
+        requests queue behind the hold instead; a batch line is refused at once (weights_held) and its runner
+        retries."""
         weights = self.weights
         if weights is None:
             return None
         if weights.weights_state == "writing":
             return "a trainer is writing them"
-        if weights.transition is not None:
-            return f"a weights {weights.transition} holds them"
+        if weights.transition == "load":
+            return "a weights load holds them"
         if weights.barrier == "quiesced":
             return "a trainer quiesced them"
         return None

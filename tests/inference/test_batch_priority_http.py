@@ -1,7 +1,8 @@
 """Batch priority against a running server (stories260K): requests sent with `X-Pantheon-Priority: batch` hold at
 most PANTHEON_BATCH_SLOT_SHARE of a model's slots, an interactive request that arrives while batch ones wait takes the
 next free slot before them, a batch request is refused (503 weights_held) while a trainer holds the weights where an
-interactive one waits as before, and another value of the header is 400."""
+interactive one waits as before, and another value of the header is 400; which barrier states hold batch work, and
+the share of slots the setting gives."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions
+from inference.engine.contract.weights import WeightsSnapshot
+from inference.runtime.client_protocol import ModelPlacement
 from inference.services.model_lifecycle import serving_limits
 from tests.inference.serving import wait_for
 from tests.inference.session_turns import load
@@ -151,3 +155,29 @@ def test_the_batch_share_of_slots_is_resolved_from_the_setting(settings):
     assert serving_limits(LoadOptions(max_concurrent=8)).batch_slots == 2
     settings.PANTHEON_BATCH_SLOT_SHARE = 1.0
     assert serving_limits(LoadOptions(max_concurrent=8)).batch_slots == 8
+
+
+def snapshot(**state) -> WeightsSnapshot:
+    fields = dict(model="m", served_name="m", base_name="m", origin="model", commits=0, manifest_hash=None,
+                  weights_state="clean", barrier="serving", attachment=None, quiesced_at=None, held_requests=None,
+                  steps_since_load=0, unsaved_commits=0, last_save=None, commit=None, commit_overran=None,
+                  last_hold_timeout_at=None, last_overrun=None, exports_since_start=0, transition=None,
+                  attach_refusal=None, layout=None, forward_steps=0)  # fmt: skip
+    return WeightsSnapshot(**{**fields, **state})
+
+
+@pytest.mark.parametrize(
+    ("state", "held"),
+    [
+        ({}, False),
+        ({"barrier": "quiesced"}, True),
+        ({"barrier": "quiesced", "weights_state": "writing"}, True),
+        ({"transition": "load"}, True),  # a weights load pauses serving
+        ({"transition": "save"}, False),  # a save serves on
+    ],
+)
+def test_the_weights_hold_batch_work_while_a_trainer_holds_them(state, held):
+    placement = ModelPlacement(name="m", device="cpu", state="ready", load=p.Load(request_id="l", name="m", path="/m"))
+    assert placement.weights_held() is None  # no barrier reported
+    placement.weights = snapshot(**state)
+    assert (placement.weights_held() is not None) == held
