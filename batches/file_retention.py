@@ -27,7 +27,8 @@ logger = logging.getLogger("pantheon.batches")
 
 @dataclass
 class FilePrune:
-    """What one prune did: the ids it deleted, those past expiry it kept (read by an active batch), and how many output files it stamped with an expiry."""
+    """What one prune did: the ids it deleted, those past expiry it kept (read by an active batch), and how many
+    output files it stamped with an expiry."""
 
     deleted: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)

@@ -13,6 +13,7 @@ from inference.api import admin, completions, embeddings, health, openai, respon
 from inference.api import answer_shapes as answers
 from inference.api.chat_requests import ChatCompletionSerializer
 from inference.api.completion_requests import CompletionSerializer, EmbeddingSerializer
+from inference.api.priority import PRIORITIES, PRIORITY_HEADER
 from inference.api.serializers import SESSION_HEADER, UnloadModelSerializer
 from inference.api.session_requests import SessionEstimateSerializer, SessionRestoreSerializer, SessionTargetSerializer
 from inference.engine.contract.params import TOKEN_ID_LIMIT
@@ -85,6 +86,13 @@ JSON_OR_SSE = {
 SESSION_ID_HEADER = OpenApiParameter(
     SESSION_HEADER, SESSION_ID, OpenApiParameter.HEADER, description="The session key when the body names none"
 )
+PRIORITY = OpenApiParameter(
+    PRIORITY_HEADER,
+    {"type": "string", "enum": list(PRIORITIES)},
+    OpenApiParameter.HEADER,
+    description="`batch`: a batch's line (the Batch API sends it), run in the slots interactive requests leave, and "
+    "refused with 503 weights_held while a trainer holds the weights; default `interactive`",
+)
 GENERATION_ERRORS = errors(400, 401, 404, 409, 413, 422, 429, 500, 503)
 
 
@@ -111,7 +119,7 @@ for view, request, answer in (
         view,
         request=request,
         responses=_json_or_sse(answer),
-        parameters=[SESSION_ID_HEADER, *RESPONSE_HEADERS],
+        parameters=[SESSION_ID_HEADER, PRIORITY, *RESPONSE_HEADERS],
         auth=BEARER_OR_NONE,
         tags=["v1"],
     )
@@ -119,7 +127,7 @@ describe(
     embeddings.embeddings,
     request=EmbeddingSerializer,
     responses={200: answers.EmbeddingListSerializer, **GENERATION_ERRORS},
-    parameters=RESPONSE_HEADERS,
+    parameters=[PRIORITY, *RESPONSE_HEADERS],
     auth=BEARER_OR_NONE,
     tags=["v1"],
 )

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from pantheon_site.audit import AuditedCall, aaudit_request, audit_request, request_actor
 from pantheon_site.errors import Forbidden, PantheonError, Unauthorized
+from pantheon_site.local_credential import matches_installed, presented_local_secret
 from pantheon_site.models import AccessToken, Role
 from pantheon_site.rate_limit import check_rate
 from pantheon_site.tokens import aauthenticate_token, authenticate_token
@@ -77,9 +78,17 @@ async def arequire_role(
 
 async def arequire_client_token(request, *, operation: str) -> AccessToken | None:
     """For /v1 routes: None, without touching the database, unless PANTHEON_REQUIRE_CLIENT_TOKENS is set; then a
-    client, trainer or operator token is required (refusals audited)."""
+    client, trainer or operator token is required (refusals audited), or the running server's local credential
+    (pantheon_site/local_credential.py: what the Celery worker running batches on this host presents), which is
+    no token (None) and so counts against no rate limit; a local-kind secret that is not this run's is 401."""
     if not settings.PANTHEON_REQUIRE_CLIENT_TOKENS:
         return None
+    if (secret := presented_local_secret(request)) is not None:
+        if matches_installed(secret):
+            return None
+        error = Unauthorized(reason="local_secret_unknown")
+        await aaudit_request(request, operation, error=error)
+        raise error
     return await arequire_role(request, *CLIENT_ROLES, operation=operation)
 
 

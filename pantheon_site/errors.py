@@ -230,6 +230,16 @@ class WeightsTorn(_RetryableError):
     default_message = "the weights are torn; they are restored with POST /api/weights/load"
 
 
+class WeightsHeld(_RetryableError):
+    """503: a batch-priority request (X-Pantheon-Priority: batch) for a model whose weights a trainer holds (the
+    barrier quiesced, a commit writing, a weights load in progress); interactive requests wait in the queue instead.
+    The Batch API's runner waits Retry-After (WEIGHTS_HOLD_TIMEOUT_S) and sends the line again. Not in the spec's
+    /v1 table (docs/api/choices.md)."""
+
+    status, type = 503, "weights_held"
+    default_message = "a trainer holds the weights; batch work waits until it resumes"
+
+
 class WeightsUnsaved(PantheonError):
     """409 weights_unsaved (typed invalid_request_error): loading the named model would discard the resident
     model's commits that no checkpoint records. Nothing was loaded or unloaded."""

@@ -392,3 +392,12 @@ CELERY_BEAT_SCHEDULE = {
         ("expire-batches", "batches.expire_batches", PANTHEON_BATCH_EXPIRE_INTERVAL_S),
     ]
 }
+
+# --- batch priority (the Batch API's lines yield to interactive requests; docs/batch-priority.md) ---
+# The share of a model's slots (max_concurrent) that requests sent with X-Pantheon-Priority: batch may hold at once,
+# rounded down but at least one slot: the rest stay free for interactive requests, whatever a batch queues.
+PANTHEON_BATCH_SLOT_SHARE = _env_float("PANTHEON_BATCH_SLOT_SHARE", 0.5)
+if not 0 < PANTHEON_BATCH_SLOT_SHARE <= 1:
+    raise ImproperlyConfigured(
+        f"PANTHEON_BATCH_SLOT_SHARE must be in (0, 1], a share of a model's slots; got {PANTHEON_BATCH_SLOT_SHARE}"
+    )

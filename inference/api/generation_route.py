@@ -12,6 +12,7 @@ stream carries it on its terminal event). Every generation is counted in flight 
 graceful shutdown can refuse new ones (503 server_shutting_down) and wait for these. A generation refused at
 admission counts once in pantheon_refusals_total by the engine's reason (queue_full, queue_timeout, low_memory,
 prompt_too_long, model_reloading, ...), here only, and the request's metrics name the model it was routed to.
+A request sent with `X-Pantheon-Priority: batch` (the Batch API's lines) runs at batch priority (api/priority.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from inference.api.completion_bodies import millm_model, refused_stream
+from inference.api.priority import request_priority
 from inference.engine.contract import messages as p
 from inference.engine.contract.metrics import REFUSALS
 from inference.runtime.client_protocol import EngineClient, ModelPlacement
@@ -66,7 +69,9 @@ class GenerationRun(ABC):
 
 
 async def run_generation(request, run: GenerationRun) -> HttpResponse:
-    """Routes `run`, submits it, and answers it as JSON or as a stream (see the module docstring)."""
+    """Routes `run`, submits it at the request's priority (X-Pantheon-Priority), and answers it as JSON or as a
+    stream (see the module docstring)."""
+    priority = request_priority(request.headers)
     router = get_router()
     router.begin_completion()
     streaming = False
@@ -76,6 +81,8 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
         placement = router.placements()[model]
         run.place(model, placement)
         submits = run.submits()
+        if priority != "interactive":
+            submits = [msgspec.structs.replace(submit, priority=priority) for submit in submits]
         if settings.PANTHEON_LOG_SENSITIVE:
             log_prompts(submits)
         try:

@@ -16,17 +16,9 @@ import time
 from pantheon_site.audit import aaudit_request, request_actor
 from pantheon_site.auth import arequire_client_token, operator_route, run_audited_view
 from pantheon_site.errors import Unauthorized
-from pantheon_site.local_credential import ACTOR_HEADER, is_local_secret, matches_installed
+from pantheon_site.local_credential import ACTOR_HEADER, matches_installed, presented_local_secret
 
 _ACTOR = re.compile(r"[\w.@:+-]{1,100}")
-
-
-def _local_secret_of(request) -> str | None:
-    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
-    secret = secret.strip()
-    if scheme.lower() == "bearer" and is_local_secret(secret):
-        return secret
-    return None
 
 
 def admin_route(operation: str):
@@ -38,7 +30,7 @@ def admin_route(operation: str):
 
         @functools.wraps(view)
         async def wrapper(request, *args, **kwargs):
-            secret = _local_secret_of(request)
+            secret = presented_local_secret(request)
             if secret is None:
                 return await with_token(request, *args, **kwargs)
             return await _local_call(view, operation, secret, request, *args, **kwargs)
@@ -69,7 +61,7 @@ async def client_or_local_actor(request, *, operation: str) -> dict:
     The local credential makes the call the command's (actor_kind "cli"); anyone else passes the /v1 token check
     (arequire_client_token: a token only with PANTHEON_REQUIRE_CLIENT_TOKENS) and is the token's holder, or
     anonymous."""
-    secret = _local_secret_of(request)
+    secret = presented_local_secret(request)
     if secret is not None:
         return await _local_actor(request, operation, secret)
     return request_actor(request, await arequire_client_token(request, operation=operation))

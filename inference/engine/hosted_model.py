@@ -276,6 +276,7 @@ class HostedModel:
             prompt_logprobs=req.prompt_logprobs,
             context_window=window,
             session_id=req.session_id,
+            priority=req.priority,
         )
         if req.messages is not None:
             tail = model.tokenizer.decode(prompt[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
@@ -344,8 +345,9 @@ class HostedModel:
         if self.min_free_memory and (free := free_memory(self.device)) < self.min_free_memory:
             message = f"{self.device} has {free} bytes free, below the {self.min_free_memory}-byte reserve"
             raise refusal(seq.request_id, Reason.LOW_MEMORY, message)
-        if self.scheduler.is_full():
-            raise refusal(seq.request_id, Reason.QUEUE_FULL, f"model {self.name!r} is busy; retry shortly")
+        if self.scheduler.is_full(seq.priority):
+            line = "its batch line is full" if seq.priority == "batch" else "busy"
+            raise refusal(seq.request_id, Reason.QUEUE_FULL, f"model {self.name!r} is {line}; retry shortly")
         sessions = self.scheduler.sessions
         if seq.session_id is not None and sessions is not None:
             seq.session = sessions.claim(seq.session_id)
@@ -396,7 +398,7 @@ class HostedModel:
         s, pool = self.scheduler, self.model.runner.cache.pool
         if s.metrics is not None:
             sessions = len(s.sessions.sessions) if s.sessions else 0
-            s.metrics.occupancy(waiting=len(s.waiting), decoding=len(s.running), blocks_used=pool.num_used,
+            s.metrics.occupancy(waiting=s.num_waiting(), decoding=len(s.running), blocks_used=pool.num_used,
                                 blocks_free=pool.num_free, sessions=sessions)  # fmt: skip
 
     def status(self) -> p.ModelStatus:
@@ -411,7 +413,7 @@ class HostedModel:
             slots_used=len(s.running),
             slots_total=s.runner.max_concurrent,
             running=len(s.running),
-            waiting=len(s.waiting),
+            waiting=s.num_waiting(),
             max_concurrent=s.max_concurrent,
             context_window=s.context_window,
             blocks_total=pool.num_blocks,
@@ -425,6 +427,9 @@ class HostedModel:
             prefix_cache_bytes=self.prefix_cache_bytes,
             prefix_lookup_tokens=self.model.runner.cache.lookup_tokens,
             prefix_hit_tokens=self.model.runner.cache.hit_tokens,
+            batch_running=s.batch_running(),
+            batch_waiting=len(s.queues["batch"]),
+            batch_slots=s.batch_slots,
         )
 
     def decode_graphs(self) -> p.DecodeGraphs:

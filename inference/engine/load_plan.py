@@ -86,6 +86,7 @@ def new_scheduler(model: LoadedModel, limits: ServingLimits, metrics: ModelMetri
         model.runner,
         model.tokenizer,
         max_concurrent=limits.max_concurrent,
+        batch_slots=limits.batch_slots,
         queue_depth=limits.queue_depth,
         queue_timeout=limits.queue_timeout,
         prefill_chunk=limits.prefill_chunk,

@@ -9,6 +9,14 @@ over the weights) and makes a single sampler call for all rows that produced log
 and a sequence joins or leaves the batch at any step. `pause()` stops admitting at a step boundary; running
 sequences finish first.
 
+Two lines wait for slots: interactive sequences (a client is waiting) and batch ones (`priority` "batch": a batch's
+lines). A free slot goes to the oldest interactive sequence; a batch one gets it only when no interactive one waits
+and fewer than `batch_slots` batch sequences run, and interactive prompts take a step's prefill budget first. Each
+line has its own `queue_depth` places (batch ones beyond the `batch_slots` they may run in), so waiting batch
+sequences never make an interactive request `queue_full`. Only interactive sequences are refused for waiting too
+long (`queue_timeout`): a batch line has no client watching the clock, and refusing it would only send it to the
+back of the line again (its runner retries what is refused).
+
 A sequence admitted to a slot starts from whatever KV it can reuse: the conversation its session turn continues,
 else the cached blocks its prompt begins with (kv_cache.py, sessions.py); only the rest is prefilled, and
 `cached_tokens` reports what was reused. A finished session turn decodes once more, without sampling, so the KV of
@@ -28,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.contract.messages import TokenLogprob, TopLogprob
+from inference.engine.contract.params import Priority
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.repetition import RepetitionDetector
@@ -45,17 +54,18 @@ class StepPlan:
     to decode."""
 
     admitted: list[Sequence]
-    prefills: list[tuple[Sequence, list[int]]]  # (sequence, its next prompt tokens), oldest first
+    prefills: list[tuple[Sequence, list[int]]]  # (sequence, its next prompt tokens), interactive then oldest first
     decode: list[Sequence]
 
 
 class Scheduler:
     """Owns a model's running and waiting sequences and their KV slots.
 
-    `max_concurrent` sequences run (decode) at once, at most the runner's slot count; `queue_depth` more may wait;
-    one that waits longer than `queue_timeout` seconds is refused (queue_timeout). Every sequence added gets a
-    detector of loops over its last `repetition_span` tokens (repetition.py; 0: none), so a decode stuck repeating
-    itself ends with finish_reason "repetition_loop" rather than running on to `max_tokens`.
+    `max_concurrent` sequences run (decode) at once, at most the runner's slot count, of them at most `batch_slots`
+    batch-priority ones (None: any); `queue_depth` more of each priority may wait (see the module docstring); an
+    interactive one that waits longer than `queue_timeout` seconds is refused (queue_timeout). Every sequence added
+    gets a detector of loops over its last `repetition_span` tokens (repetition.py; 0: none), so a decode stuck
+    repeating itself ends with finish_reason "repetition_loop" rather than running on to `max_tokens`.
     """
 
     def __init__(
@@ -64,6 +74,7 @@ class Scheduler:
         tokenizer: Tokenizer,
         *,
         max_concurrent: int = 1,
+        batch_slots: int | None = None,
         queue_depth: int = 0,
         queue_timeout: float = 30.0,
         prefill_chunk: int = 128,
@@ -79,6 +90,9 @@ class Scheduler:
         self.runner = runner
         self.tokenizer = tokenizer
         self.max_concurrent = max_concurrent
+        self.batch_slots = max_concurrent if batch_slots is None else batch_slots
+        if not 1 <= self.batch_slots <= max_concurrent:
+            raise ValueError(f"batch_slots {self.batch_slots} must be in [1, max_concurrent {max_concurrent}]")
         self.queue_depth = queue_depth
         self.queue_timeout = queue_timeout
         self.prefill_chunk = prefill_chunk
@@ -86,7 +100,7 @@ class Scheduler:
         self.clock = clock
         self.metrics = metrics  # what a worker records of this model (serving_metrics.py); None: nothing
         self.sessions = sessions  # None: session ids are ignored (every turn still reuses cached prefixes)
-        self.waiting: deque[Sequence] = deque()
+        self.queues: dict[Priority, deque[Sequence]] = {"interactive": deque(), "batch": deque()}  # FIFO each
         self.running: list[Sequence] = []
         self.paused = False
         self.forward_steps = 0  # forward passes run so far (the weights barrier shows none runs while it holds)
@@ -98,21 +112,36 @@ class Scheduler:
         return self.runner.context_window
 
     @property
-    def has_work(self) -> bool:
-        return bool(self.running) or (bool(self.waiting) and not self.paused)
+    def waiting(self) -> list[Sequence]:
+        """Every waiting sequence, interactive ones first (a copy: `num_waiting` only counts them)."""
+        return [*self.queues["interactive"], *self.queues["batch"]]
 
-    def is_full(self) -> bool:
-        """Whether one more sequence would be refused (every slot and queue place taken). A finalizing sequence
-        holds its place for the one step it has left."""
-        return len(self.running) + len(self.waiting) >= self.max_concurrent + self.queue_depth
+    def num_waiting(self) -> int:
+        return len(self.queues["interactive"]) + len(self.queues["batch"])
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or (not self.paused and any(self.queues.values()))
+
+    def batch_running(self) -> int:
+        """Running batch-priority sequences (finalizing ones hold their slot for the step they have left)."""
+        return sum(seq.priority == "batch" for seq in self.running)
+
+    def is_full(self, priority: Priority = "interactive") -> bool:
+        """Whether one more sequence of `priority` would be refused: every slot it may run in and every place of its
+        line taken. An interactive one counts every running sequence (batch ones hold their slots too) but no
+        waiting batch one. A finalizing sequence holds its place for the one step it has left."""
+        if priority == "batch":
+            return self.batch_running() + len(self.queues["batch"]) >= self.batch_slots + self.queue_depth
+        return len(self.running) + len(self.queues["interactive"]) >= self.max_concurrent + self.queue_depth
 
     def add(self, seq: Sequence) -> None:
-        """Queues a sequence, armed with this model's repetition detector; the caller checked `is_full()` and that
-        the prompt fits the window."""
+        """Queues a sequence in its priority's line, armed with this model's repetition detector; the caller checked
+        `is_full(seq.priority)` and that the prompt fits the window."""
         seq.arrival = self.clock()
         if self.repetition_span:
             seq.repetition = RepetitionDetector(self.repetition_span)
-        self.waiting.append(seq)
+        self.queues[seq.priority].append(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Removes a sequence wherever it is and frees its KV slot now; None when it is not here."""
@@ -121,11 +150,12 @@ class Scheduler:
                 self.running.remove(seq)
                 self._release(seq)
                 return seq
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                self._release(seq)
-                return seq
+        for queue in self.queues.values():
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self._release(seq)
+                    return seq
         return None
 
     def abort_all(self) -> list[Sequence]:
@@ -142,20 +172,20 @@ class Scheduler:
         self.paused = False
 
     def schedule(self) -> StepPlan:
-        """What the next step runs: admit waiting sequences to free decode slots (unless paused), then the next chunks
-        of the oldest running sequences still prefilling, `prefill_chunk` tokens in all (several short prompts share
-        a step, so a burst of arrivals gets its first tokens sooner while decoders still wait at most one chunk), and
-        every running sequence that has a token to feed."""
+        """What the next step runs: admit waiting sequences to free decode slots (unless paused; `_next_waiting`
+        says which), then the next chunks of the running sequences still prefilling, interactive ones first and
+        oldest first, `prefill_chunk` tokens in all (several short prompts share a step, so a burst of arrivals gets
+        its first tokens sooner while decoders still wait at most one chunk), and every running sequence that has a
+        token to feed."""
         admitted = []
-        while self.waiting and not self.paused and len(self.running) < self.max_concurrent:
-            seq = self.waiting.popleft()
+        while not self.paused and len(self.running) < self.max_concurrent and (seq := self._next_waiting()):
             self._attach_kv(seq)
             self.running.append(seq)
             admitted.append(seq)
             if self.metrics is not None:
                 self.metrics.took_slot(seq, self.clock())
         prefills, budget = [], self.prefill_chunk
-        for seq in self.running:
+        for seq in sorted(self.running, key=_is_batch):  # stable: oldest first within a priority
             if budget == 0:
                 break
             if not seq.prefill_done and not seq.finalizing:
@@ -163,6 +193,15 @@ class Scheduler:
                 prefills.append((seq, chunk))
                 budget -= len(chunk)
         return StepPlan(admitted, prefills, [s for s in self.running if s.output_ids])
+
+    def _next_waiting(self) -> Sequence | None:
+        """Takes the sequence the next free slot goes to: the oldest interactive one, else the oldest batch one while
+        fewer than `batch_slots` batch sequences run; None when neither may have it."""
+        if self.queues["interactive"]:
+            return self.queues["interactive"].popleft()
+        if self.queues["batch"] and self.batch_running() < self.batch_slots:
+            return self.queues["batch"].popleft()
+        return None
 
     def _attach_kv(self, seq: Sequence) -> None:
         """Gives an admitted sequence its slot, holding whatever KV of its prompt is already computed."""
@@ -274,12 +313,14 @@ class Scheduler:
             self.prefill_tok_per_s = rate if not self.prefill_tok_per_s else 0.8 * self.prefill_tok_per_s + 0.2 * rate
 
     def expire_waiting(self) -> list[Expired]:
-        """Refuses (queue_timeout) the waiting sequences that waited longer than `queue_timeout`; runs even while
-        paused, so the worker calls it on its own schedule rather than in `step()`."""
+        """Refuses (queue_timeout) the interactive sequences that waited longer than `queue_timeout` (batch ones wait
+        their turn: see the module docstring); runs even while paused, so the worker calls it on its own schedule
+        rather than in `step()`."""
         now = self.clock()
-        expired = [s for s in self.waiting if now - s.arrival > self.queue_timeout]
+        queue = self.queues["interactive"]
+        expired = [s for s in queue if now - s.arrival > self.queue_timeout]
         for seq in expired:
-            self.waiting.remove(seq)
+            queue.remove(seq)
             self._release(seq)
         message = f"no decode slot became free within {self.queue_timeout:g} s"
         return [Expired(s.request_id, message) for s in expired]
@@ -355,3 +396,7 @@ class Scheduler:
         token_bytes = self.tokenizer.token_bytes
         top = [TopLogprob(token_id=tid, token=token_bytes(tid), logprob=value) for tid, value in lp.top]
         return TokenLogprob(token_id=token_id, token=token_bytes(token_id), text=text, logprob=lp.logprob, top=top)
+
+
+def _is_batch(seq: Sequence) -> bool:
+    return seq.priority == "batch"

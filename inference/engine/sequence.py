@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from inference.engine.contract.messages import TokenLogprob
-from inference.engine.contract.params import GenerationOptions
+from inference.engine.contract.params import GenerationOptions, Priority
 from inference.engine.repetition import RepetitionDetector
 from inference.engine.sampler import SequenceSampling
 from inference.engine.text.detokenizer import IncrementalDetokenizer
@@ -38,6 +38,7 @@ class Sequence:
     stop strings and tokens and at the model's `eos_token_ids` (unless `options.ignore_eos`), none of them before
     `options.min_tokens` tokens. With a `repetition` detector (the
     scheduler arms one), a generation whose output ends in a loop ends with finish_reason "repetition_loop".
+    A `priority` "batch" sequence is a batch's line: the scheduler runs it only in what interactive ones leave.
     """
 
     __slots__ = (
@@ -46,7 +47,7 @@ class Sequence:
         "arrival", "token_at", "_held",
         "session_id", "session", "conversation", "session_conflict", "finalizing", "think", "deferred_grammar",
         "token_text", "unspelled", "released_chars", "spelled_chars", "prompt_logprobs", "prompt_entries",
-        "repetition",
+        "repetition", "priority",
     )  # fmt: skip
 
     def __init__(
@@ -62,6 +63,7 @@ class Sequence:
         context_window: int,
         arrival: float = 0.0,
         session_id: str | None = None,
+        priority: Priority = "interactive",
     ):
         if not prompt_ids:
             raise ValueError("a sequence needs at least one prompt token")
@@ -102,6 +104,7 @@ class Sequence:
         self.deferred_grammar: llguidance.LLMatcher | None = None  # the answer's grammar, while the prompt's think
         # block is open (the reasoning is free); it moves to `sampling.grammar` when the block closes
         self.repetition: RepetitionDetector | None = None  # None: a loop runs on to options.max_tokens
+        self.priority = priority  # "batch": yields to interactive sequences (scheduler.py)
 
     def defer_grammar(self) -> None:
         """Holds the grammar back while the prompt's think block is open (the reasoning is free); the turn cannot

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import LoadOptions, ServingLimits
+from inference.engine.contract.params import LoadOptions, Priority, ServingLimits
 from inference.engine.contract.weights import ServedCheckpoint, WeightsCall, WeightsSnapshot
 from inference.runtime.generation import Generation
 
@@ -29,6 +29,22 @@ class ModelPlacement:
     loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
     weights: WeightsSnapshot | None = None  # its weights barrier, as the worker last reported it
     load_progress: p.LoadProgress | None = None  # how far its load has read, while it loads
+
+    def weights_held(self) -> str | None:
+        """Why batch work must wait for this model's weights, or None: a trainer holds them (the barrier quiesced,
+        a commit writing, a weights load pausing serving; a save serves on), as the last snapshot says. Interactive
+        requests queue behind the hold instead; a batch line is refused at once (weights_held) and its runner
+        retries."""
+        weights = self.weights
+        if weights is None:
+            return None
+        if weights.weights_state == "writing":
+            return "a trainer is writing them"
+        if weights.transition == "load":
+            return "a weights load holds them"
+        if weights.barrier == "quiesced":
+            return "a trainer quiesced them"
+        return None
 
 
 @dataclass(slots=True)
@@ -93,7 +109,9 @@ class EngineClient(Protocol):
         self, model: str, call: WeightsCall, *, timeout: float | None = None
     ) -> p.WeightsReply | p.WeightsRefused: ...
 
-    async def embed(self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = ...) -> p.Embeddings: ...
+    async def embed(
+        self, model: str, inputs: list[str] | list[list[int]], *, priority: Priority = ..., timeout: float = ...
+    ) -> p.Embeddings: ...
 
 
 _installed: EngineClient | None = None

@@ -222,8 +222,9 @@ class ZmqEngineClient(WorkerCalls):
 
     async def generate(self, submit: p.Submit) -> Generation:
         """Submits a generation to the worker holding `submit.model` (its exact served name) and waits for its
-        admission. Raises EngineError (model_not_loaded, prompt_too_long, queue_full, bad_request, ...) or
-        WorkerDied (worker_died, model_reloading); cancelling the awaiting task aborts the request."""
+        admission. Raises EngineError (model_not_loaded, prompt_too_long, queue_full, bad_request, weights_held for
+        a batch-priority one while a trainer holds the weights, ...) or WorkerDied (worker_died, model_reloading);
+        cancelling the awaiting task aborts the request."""
         model = submit.model
         placement = self._models.get(model)
         if placement is None or placement.state in ("loading", "unloading"):
@@ -232,6 +233,8 @@ class ZmqEngineClient(WorkerCalls):
         if placement.state == "reloading":
             message = f"the worker holding {model!r} crashed; the model is being reloaded"
             raise WorkerDied(message, Reason.MODEL_RELOADING)
+        if submit.priority == "batch" and (held := placement.weights_held()) is not None:
+            raise EngineError(f"the weights of {model!r} are held ({held}); batch work waits", Reason.WEIGHTS_HELD)
         return await self.submit(placement.device, submit)
 
     async def submit(self, device: str, submit: p.Submit) -> Generation:

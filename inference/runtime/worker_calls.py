@@ -8,6 +8,7 @@ import uuid
 
 from inference.engine.contract import messages as p
 from inference.engine.contract.logs import request_id_var
+from inference.engine.contract.params import Priority
 from inference.engine.contract.reasons import Reason
 from inference.engine.contract.weights import WeightsCall, WeightsSnapshot
 from inference.runtime.client_protocol import ModelPlacement
@@ -65,10 +66,20 @@ class WorkerCalls:
     # -- embeddings -----------------------------------------------------------------------------------------------
 
     async def embed(
-        self, model: str, inputs: list[str] | list[list[int]], *, timeout: float = SESSION_CALL_TIMEOUT_S
+        self,
+        model: str,
+        inputs: list[str] | list[list[int]],
+        *,
+        priority: Priority = "interactive",
+        timeout: float = SESSION_CALL_TIMEOUT_S,
     ) -> p.Embeddings:
         """The inputs' embeddings (texts, or token-id lists), from the worker holding a ready `model`. Raises
-        EngineError (prompt_too_long, bad_request, model_not_loaded) or WorkerDied."""
+        EngineError (prompt_too_long, bad_request, model_not_loaded; weights_held for batch work while a trainer holds
+        the weights, as `generate` does) or WorkerDied. An EMBED runs on the worker's loop between steps, in no
+        queue, so `priority` decides nothing else."""
+        placement = self._models.get(model)
+        if priority == "batch" and placement is not None and (held := placement.weights_held()) is not None:
+            raise EngineError(f"the weights of {model!r} are held ({held}); batch work waits", Reason.WEIGHTS_HELD)
         texts = [i for i in inputs if isinstance(i, str)]
         call = p.Embed(
             request_id=new_id(),

@@ -183,12 +183,14 @@ def check_weights_allow_load(router: ModelRouter) -> None:
 
 def serving_limits(options: LoadOptions, *, attachable: bool = False) -> ServingLimits:
     """What the worker serves a load within, from the operator's options and the settings: `max_concurrent` is the
-    load's own, else its max_sessions, else PANTHEON_BATCH_SLOTS; `max_sessions` is the load's own, else
+    load's own, else its max_sessions, else PANTHEON_BATCH_SLOTS; `batch_slots` is PANTHEON_BATCH_SLOT_SHARE of it,
+    rounded down, at least one; `max_sessions` is the load's own, else
     max_concurrent, and 0 (no sessions) when PANTHEON_SESSIONS is off. `attachable` (a trainer token exists) loads
     the weights where a trainer can attach to them, under the WEIGHTS_* timers."""
     max_concurrent = options.max_concurrent or options.max_sessions or settings.PANTHEON_BATCH_SLOTS
     return ServingLimits(
         max_concurrent=max_concurrent,
+        batch_slots=max(1, int(max_concurrent * settings.PANTHEON_BATCH_SLOT_SHARE)),
         queue_depth=settings.PANTHEON_QUEUE_DEPTH,
         queue_timeout=settings.PANTHEON_QUEUE_WAIT_S,
         prefill_chunk=settings.PANTHEON_PREFILL_CHUNK,

@@ -141,7 +141,8 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
                        "blocks_total": live.blocks_total, "blocks_free": live.blocks_free,
                        "blocks_cached": live.blocks_cached, "blocks_pinned": live.blocks_pinned,
                        "block_size": live.block_size, "sessions": live.sessions,
-                       "prefix_cache": prefix_hits(live)}  # fmt: skip
+                       "prefix_cache": prefix_hits(live), "batch_running": live.batch_running,
+                       "batch_waiting": live.batch_waiting, "batch_slots": live.batch_slots}  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}
 
 

@@ -32,6 +32,7 @@ from pantheon_site.errors import (
     SessionCachingDisabled,
     SessionNotFound,
     UnloadFailed,
+    WeightsHeld,
     WeightsTorn,
     WeightsVersionMismatch,
 )
@@ -67,6 +68,7 @@ REFUSALS: dict[Reason, Refusal] = {
     Reason.BAD_SESSION_BLOB: Refusal(BadSessionBlob),
     Reason.WEIGHTS_VERSION_MISMATCH: Refusal(WeightsVersionMismatch),
     Reason.WEIGHTS_TORN: Refusal(WeightsTorn, retry_after_setting="WEIGHTS_HOLD_TIMEOUT_S"),
+    Reason.WEIGHTS_HELD: Refusal(WeightsHeld, retry_after_setting="WEIGHTS_HOLD_TIMEOUT_S"),
     Reason.ALREADY_LOADED: Refusal(LoadFailed, 409),
     Reason.CHECKPOINT_NOT_FOUND: Refusal(LoadFailed, 404),
     Reason.BAD_CHECKPOINT: Refusal(LoadFailed, 400),

@@ -14,11 +14,12 @@ TO_WORKER = [
              tools=[{"type": "function"}], enable_thinking=False,
              sampling=SamplingParams(temperature=0.5, logit_bias={7: -100.0}),
              options=GenerationOptions(max_tokens=9, stop=["\n\n"], stop_token_ids=[2], ignore_eos=True)),
-    p.Submit(request_id="r2", model="m", prompt_token_ids=[1, 2, 3], session_id="s1"),
+    p.Submit(request_id="r2", model="m", prompt_token_ids=[1, 2, 3], session_id="s1", priority="batch"),
     p.Abort(request_id="r1"),
     p.Load(request_id="c1", name="m", path="/models/x.gguf", options=LoadOptions(quantize=True, dtype="bfloat16",
            ctx_cap=2048), limits=ServingLimits(max_concurrent=4, queue_depth=32, queue_timeout=30.0, prefill_chunk=64,
-           block_size=32, prefix_cache_bytes=2**30, max_sessions=4, session_idle_ttl=60.0, watch_grace=1.5)),
+           block_size=32, batch_slots=2, prefix_cache_bytes=2**30, max_sessions=4, session_idle_ttl=60.0,
+           watch_grace=1.5)),
     p.Unload(request_id="c2", name="m", drain_timeout=1.5, force=False),
     p.StatusQuery(request_id="c3"),
     p.Pause(request_id="c4", model="m"),
@@ -129,6 +130,7 @@ def _with(values: list, field: str, value) -> bytes:
         (_with(_submit_values(), "options", {"max_tokens": "7"}), "r9"),  # max_tokens a string
         (_with(_submit_values(), "options", {"max_tokens": -1}), "r9"),  # max_tokens negative
         (_with(_submit_values(), "options", {"max_tokens": 2, "min_tokens": 3}), "r9"),  # min_tokens past it
+        (_with(_submit_values(), "priority", "urgent"), "r9"),  # a priority that is neither interactive nor batch
     ],
 )
 def test_anything_else_is_a_protocol_error_naming_its_request(frame, request_id):

@@ -21,6 +21,10 @@ SEED_LIMIT = 2**63  # seeds are non-negative 63-bit integers (the sampler's coun
 TOP_LOGPROBS_LIMIT = 20
 TOKEN_ID_LIMIT = 2**31 - 1  # no vocabulary comes near it; bounds what may travel as a token id or a top_k
 
+# Whom a generation serves: a client waiting on it ("interactive"), or a batch's line (the Batch API's runner sends
+# X-Pantheon-Priority: batch), which the scheduler admits after interactive ones and within `batch_slots`.
+Priority = Literal["interactive", "batch"]
+
 
 class SamplingParams(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One generation's sampling knobs, as the API edge validated and clamped them. temperature <= 0 is greedy;
@@ -135,7 +139,9 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
 
     `max_concurrent` sequences decode together; `queue_depth` more may wait for a slot (0: a busy model refuses at
     once) for up to `queue_timeout` seconds; prompts are prefilled `prefill_chunk` tokens per step; below
-    `min_free_memory` bytes of free device memory new generations are refused (0: never).
+    `min_free_memory` bytes of free device memory new generations are refused (0: never). Batch-priority sequences
+    hold at most `batch_slots` of the slots, are admitted only when no interactive one waits, and wait in a line of
+    their own (`queue_depth` places, no queue_timeout; scheduler.py).
 
     The KV cache is a pool of `block_size`-position blocks: room for `max_concurrent` sequences at the full context
     window, and `prefix_cache_bytes` more for the prefix cache, as memory allows (None: an automatic share of the
@@ -150,6 +156,7 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     when a trainer token exists at load time), run under the barrier's `weights_timers`."""
 
     max_concurrent: int = 1
+    batch_slots: int = 1  # of max_concurrent, the slots batch-priority sequences may hold at once
     queue_depth: int = 0
     queue_timeout: float = 30.0
     prefill_chunk: int = 128
@@ -166,6 +173,8 @@ class ServingLimits(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     def __post_init__(self) -> None:
         if self.max_concurrent < 1 or self.prefill_chunk < 1 or self.block_size < 1:
             raise ValueError("max_concurrent, prefill_chunk and block_size must be positive")
+        if not 1 <= self.batch_slots <= self.max_concurrent:
+            raise ValueError("batch_slots must be in [1, max_concurrent]")
         if self.queue_depth < 0 or self.min_free_memory < 0 or not self.queue_timeout >= 0:
             raise ValueError("queue_depth, queue_timeout and min_free_memory must not be negative")
         if (self.prefix_cache_bytes or 0) < 0 or self.max_sessions < 0:

@@ -46,5 +46,6 @@ class Reason(enum.StrEnum):
     # decided by the control plane's engine client, not by a worker
     WORKER_DIED = "worker_died"  # the worker running the generation or call died
     MODEL_RELOADING = "model_reloading"  # the model's worker crashed and the model is being loaded again
+    WEIGHTS_HELD = "weights_held"  # a batch-priority generation while a trainer holds the model's weights
     NO_WORKER = "no_worker"  # no worker runs on the device a load names
     LOAD_TIMEOUT = "load_timeout"  # the worker did not answer a LOAD in time

@@ -10,6 +10,7 @@ from inference.engine.contract.params import (
     TOP_LOGPROBS_LIMIT,
     GenerationOptions,
     LoadOptions,
+    Priority,
     SamplingParams,
     ServingLimits,
 )
@@ -20,7 +21,8 @@ class Submit(Message, tag="S"):
     """Start a generation. Exactly one of `messages` (rendered with the model's chat template in the worker),
     `prompt` (text, tokenized as it is, with the tokenizer's BOS) and `prompt_token_ids` is set. Answered by
     STARTED, then TOKENS..., then FINISHED, or by one ERROR at any point. `options.max_tokens` 0 only prefills
-    (with `prompt_logprobs`, to score the prompt)."""
+    (with `prompt_logprobs`, to score the prompt). A `priority` "batch" generation yields to interactive ones
+    (ServingLimits.batch_slots)."""
 
     request_id: str
     model: str
@@ -38,6 +40,7 @@ class Submit(Message, tag="S"):
     session_id: str | None = None  # keep this conversation's KV between turns under that id (ERROR session_capacity)
     # The X-Request-ID of the HTTP request this generation serves, for the worker's log lines about it (None: none)
     http_request_id: str | None = None
+    priority: Priority = "interactive"  # "batch": admitted after interactive ones, within the load's batch_slots
 
     def __post_init__(self) -> None:
         if sum(p is not None for p in (self.messages, self.prompt, self.prompt_token_ids)) != 1:

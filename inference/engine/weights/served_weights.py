@@ -77,7 +77,7 @@ class ServedWeights:
         return len(self._scheduler.running)
 
     def waiting(self) -> int:
-        return len(self._scheduler.waiting)
+        return self._scheduler.num_waiting()
 
     def queue_full(self) -> bool:
         return self._scheduler.is_full()
