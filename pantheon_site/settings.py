@@ -206,6 +206,9 @@ else:
     # behind as files. The one embedded worker needs none: serve controls it with signals.
     CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_TASK_IGNORE_RESULT = True  # a batch's progress and results live in the database, not in a result backend
+# A batch's task runs for as long as the batch: a worker takes a message only when a thread is free to run it, rather
+# than holding messages another worker could start (and that its death would drop).
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True  # said explicitly: Celery warns at start when it is left unset
 # The Celery worker's lines go through Django's LOGGING (PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL), like every other
 # process of the platform, rather than through the root handler Celery would install.

@@ -5,6 +5,7 @@ operators run the Celery worker and beat themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -63,6 +64,13 @@ def gone(processes: list[psutil.Process]) -> bool:
     return True
 
 
+def kill_survivors(processes: list[psutil.Process]) -> None:
+    """What a failed test leaves running is not left to the next."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def send_a_task(env: dict[str, str]) -> str:
     """Sends `batches.run_batch` as any process of the platform does (here a manage.py shell); returns its task id."""
     sent = run_manage(env, "shell", "-c", SEND_TASK)
@@ -98,7 +106,10 @@ def test_a_killed_celery_worker_is_started_again_and_its_beat_goes_with_it(embed
     killed = with_its_children(first)
     first.send_signal(signal.SIGKILL)
     second = wait_for(lambda: [c for c in celery_children(embedded_server) if c.pid != first.pid], timeout=60)
-    wait_for(lambda: gone(killed), timeout=60)
+    try:
+        wait_for(lambda: gone(killed), timeout=60)
+    finally:
+        kill_survivors(killed)
     assert len(second) == 1 and len(celery_children(embedded_server)) == 1
     task_id = send_a_task(embedded_server.env)
     wait_for(lambda: consumed(embedded_server, task_id), timeout=60)
@@ -107,8 +118,11 @@ def test_a_killed_celery_worker_is_started_again_and_its_beat_goes_with_it(embed
 
 def test_stopping_serve_stops_the_celery_worker_and_its_beat(embedded_server):
     celery = with_its_children(the_celery_child(embedded_server))
-    assert embedded_server.stop() == 0
-    wait_for(lambda: gone(celery), timeout=60)
+    try:
+        assert embedded_server.stop() == 0
+        wait_for(lambda: gone(celery), timeout=60)
+    finally:
+        kill_survivors(celery)
 
 
 def test_with_redis_serve_starts_no_celery_worker(serving_db, tmp_path):
