@@ -8,9 +8,12 @@ import os
 
 from celery import Celery
 
+from pantheon_site import celery_parent
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pantheon_site.settings")
 
 app = Celery("pantheon")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.autodiscover_tasks(related_name="periodic")
+celery_parent.install(app)  # --exit-with-parent, for serve's embedded worker

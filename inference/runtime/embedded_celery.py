@@ -31,6 +31,7 @@ def celery_worker_command(concurrency: int, log_level: str, python: str = sys.ex
             "worker", "--beat", "--hostname", "embedded@%h",
             "--pool", "threads", "--concurrency", str(concurrency),  # tasks wait on HTTP and the database, not CPU
             "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--exit-with-parent",  # a serve killed with SIGKILL cannot stop it (pantheon_site/celery_parent.py)
             "--loglevel", log_level]  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """The embedded Celery worker, as a user gets it from `manage.py serve` with no REDIS_URL: one `celery worker --beat`
 child process that consumes what is sent to the filesystem broker under the data folder, is started again when it
-is killed (its beat with it: nothing orphaned), and stops when serve stops. With REDIS_URL serve starts none: there,
-operators run the Celery worker and beat themselves."""
+is killed (its beat with it: nothing orphaned), and stops when serve stops, or dies. With REDIS_URL serve starts
+none: there, operators run the Celery worker and beat themselves."""
 
 from __future__ import annotations
 
@@ -120,6 +120,17 @@ def test_stopping_serve_stops_the_celery_worker_and_its_beat(embedded_server):
     celery = with_its_children(the_celery_child(embedded_server))
     try:
         assert embedded_server.stop() == 0
+        wait_for(lambda: gone(celery), timeout=60)
+    finally:
+        kill_survivors(celery)
+
+
+def test_a_killed_serve_leaves_no_celery_worker_behind(embedded_server):
+    """serve cannot stop its child when it is SIGKILLed: the worker notices its parent is gone and stops."""
+    celery = with_its_children(the_celery_child(embedded_server))
+    embedded_server.process.kill()
+    embedded_server.process.wait()
+    try:
         wait_for(lambda: gone(celery), timeout=60)
     finally:
         kill_survivors(celery)
