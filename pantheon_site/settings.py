@@ -219,7 +219,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(PANTHEON_CELERY_DIR / "beat-schedule")
 # there is no REDIS_URL, the embedded setup; with REDIS_URL operators run `celery worker` and `celery beat`.
 PANTHEON_EMBEDDED_CELERY = _env_bool("PANTHEON_EMBEDDED_CELERY", not REDIS_URL)
 # The embedded worker's threads: each running batch holds one for its whole run (its lines' HTTP calls wait on the
-# server), and beat's periodic tasks need one free; the tasks beyond wait in the queue.
+# server) and beat's short periodic tasks share them; while all are busy, new tasks wait in the queue.
 PANTHEON_EMBEDDED_CELERY_CONCURRENCY = _env_int("PANTHEON_EMBEDDED_CELERY_CONCURRENCY", 4)
 
 # --- Django REST framework: used for body validation, never for auth on /v1 ------------------------------------------
