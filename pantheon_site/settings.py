@@ -1,9 +1,9 @@
 """Pantheon's settings, read from the environment and nowhere else.
 
 With no environment at all Pantheon runs self-contained: an embedded SQLite file under PANTHEON_DATA_DIR, the
-in-memory Channels layer and eager Celery tasks. DATABASE_URL (PostgreSQL through psycopg 3) and REDIS_URL (Channels
-layer and Celery broker) switch to the production services. Every PANTHEON_* setting below is also an environment
-variable of the same name; the defaults are the spec's.
+in-memory Channels layer, and a Celery broker in files there whose worker `serve` starts. DATABASE_URL (PostgreSQL
+through psycopg 3) and REDIS_URL (Channels layer and Celery broker) switch to the production services. Every PANTHEON_*
+setting below is also an environment variable of the same name; the defaults are the spec's.
 """
 
 import os
@@ -174,18 +174,53 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = PANTHEON_MAX_BODY_BYTES
 PANTHEON_SESSION_RESTORE_MAX_BYTES = _env_int("PANTHEON_SESSION_RESTORE_MAX_BYTES", 16 * 1024**3)
 
 # --- Channels, Celery ---------------------------------------------------------------------------------------------
+# Batches and the periodic work run as Celery tasks, always in a Celery worker process and never eagerly in the
+# caller: an eager task would run a whole batch inside the HTTP request that created it (docs/celery.md).
 
+# The Celery files under the data folder: the beat schedule, and without REDIS_URL the broker's messages.
+PANTHEON_CELERY_DIR = PANTHEON_DATA_DIR / "celery"
+PANTHEON_CELERY_DIR.mkdir(exist_ok=True)
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
     CELERY_BROKER_URL = REDIS_URL
-    CELERY_TASK_ALWAYS_EAGER = False
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CELERY_BROKER_URL = "memory://localhost/"
-    CELERY_TASK_ALWAYS_EAGER = True
-CELERY_TASK_EAGER_PROPAGATES = True
-CELERY_TASK_IGNORE_RESULT = True
+    # kombu's filesystem transport: one message per file under the data folder, so the embedded worker `serve`
+    # starts and every process that sends a task (serve itself, a manage.py command) meet without a service. kombu
+    # writes to data_folder_out and reads from data_folder_in; every process here both sends and reads with these
+    # same settings, so the two are one folder. A message read is moved out and deleted (store_processed off: kept,
+    # the files would pile up with nothing to prune them); the queue-to-exchange bindings live in the control folder.
+    # One consumer only: more workers want Redis.
+    _celery_queue_dir, _celery_control_dir = PANTHEON_CELERY_DIR / "queue", PANTHEON_CELERY_DIR / "control"
+    for _folder in (_celery_queue_dir, _celery_control_dir):
+        _folder.mkdir(exist_ok=True)  # kombu creates neither
+    CELERY_BROKER_URL = "filesystem://localhost/"  # the host is ignored; without one kombu warns at every connection
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_celery_queue_dir),
+        "data_folder_out": str(_celery_queue_dir),
+        "store_processed": False,
+        "control_folder": str(_celery_control_dir),
+    }
+    # Remote control (celery inspect/control) is a fanout: on this transport each caller's reply queue would stay
+    # behind as files. The one embedded worker needs none: serve controls it with signals.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+CELERY_TASK_IGNORE_RESULT = True  # a batch's progress and results live in the database, not in a result backend
+# A batch's task runs for as long as the batch: a worker takes a message only when a thread is free to run it, rather
+# than holding messages another worker could start (and that its death would drop).
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True  # said explicitly: Celery warns at start when it is left unset
+# The Celery worker's lines go through Django's LOGGING (PANTHEON_LOG_FORMAT, PANTHEON_LOG_LEVEL), like every other
+# process of the platform, rather than through the root handler Celery would install.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Which tasks are due when, for the embedded beat and a production `celery beat` alike: a file under the data folder.
+CELERY_BEAT_SCHEDULE_FILENAME = str(PANTHEON_CELERY_DIR / "beat-schedule")
+# `serve` starts a Celery worker with embedded beat as a child process (docs/celery.md): by default exactly when
+# there is no REDIS_URL, the embedded setup; with REDIS_URL operators run `celery worker` and `celery beat`.
+PANTHEON_EMBEDDED_CELERY = _env_bool("PANTHEON_EMBEDDED_CELERY", not REDIS_URL)
+# The embedded worker's threads: each running batch holds one for its whole run (its lines' HTTP calls wait on the
+# server) and beat's short periodic tasks share them; while all are busy, new tasks wait in the queue.
+PANTHEON_EMBEDDED_CELERY_CONCURRENCY = _env_int("PANTHEON_EMBEDDED_CELERY_CONCURRENCY", 4)
 
 # --- Django REST framework: used for body validation, never for auth on /v1 ------------------------------------------
 
@@ -378,8 +413,6 @@ PANTHEON_AUDIT_PRUNE_INTERVAL_S = _env_float("PANTHEON_AUDIT_PRUNE_INTERVAL_S", 
 # died holds its lease at most PANTHEON_BATCH_LEASE_S), and how often batches past their window are ended.
 PANTHEON_BATCH_RESUME_INTERVAL_S = _env_float("PANTHEON_BATCH_RESUME_INTERVAL_S", 30.0)
 PANTHEON_BATCH_EXPIRE_INTERVAL_S = _env_float("PANTHEON_BATCH_EXPIRE_INTERVAL_S", 60.0)
-# Beat's own record of when each task last ran, under the data folder rather than the working directory.
-CELERY_BEAT_SCHEDULE_FILENAME = str(PANTHEON_DATA_DIR / "celerybeat-schedule")
 # Each run expires after one interval: runs missed while no Celery worker was up are not all replayed at once.
 CELERY_BEAT_SCHEDULE = {
     name: {"task": task, "schedule": every, "options": {"expires": every}}

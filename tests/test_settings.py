@@ -1,4 +1,6 @@
-"""Settings come from the environment: embedded defaults without it, services when DATABASE_URL or REDIS_URL is set."""
+"""Settings come from the environment: embedded defaults without it, services when DATABASE_URL or REDIS_URL is set.
+Celery never runs a task eagerly in its caller: without REDIS_URL its broker is a folder under the data folder, whose
+worker serve starts (PANTHEON_EMBEDDED_CELERY); with it, Redis, and serve starts none."""
 
 import json
 import os
@@ -17,7 +19,10 @@ print(json.dumps({
     "db": {k: str(v) for k, v in settings.DATABASES["default"].items() if k in ("ENGINE", "NAME", "HOST", "PORT")},
     "layer": settings.CHANNEL_LAYERS["default"]["BACKEND"],
     "broker": settings.CELERY_BROKER_URL,
-    "eager": settings.CELERY_TASK_ALWAYS_EAGER,
+    "eager": getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False),
+    "broker_options": getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", {}),
+    "beat_schedule_file": settings.CELERY_BEAT_SCHEDULE_FILENAME,
+    "embedded_celery": settings.PANTHEON_EMBEDDED_CELERY,
     "data_dir": str(settings.PANTHEON_DATA_DIR),
     "queue_depth": settings.PANTHEON_QUEUE_DEPTH,
     "queue_wait": settings.PANTHEON_QUEUE_WAIT_S,
@@ -46,7 +51,11 @@ def test_no_environment_means_embedded_sqlite_memory_layer_and_spec_defaults(tmp
     assert seen["db"]["ENGINE"] == "django.db.backends.sqlite3"
     assert seen["db"]["NAME"] == str(tmp_path / "pantheon.sqlite3")
     assert seen["layer"] == "channels.layers.InMemoryChannelLayer"
-    assert seen["broker"] == "memory://localhost/" and seen["eager"] is True
+    assert seen["broker"].startswith("filesystem://") and seen["eager"] is False and seen["embedded_celery"] is True
+    queue = tmp_path / "celery" / "queue"
+    assert seen["broker_options"]["data_folder_in"] == seen["broker_options"]["data_folder_out"] == str(queue)
+    assert queue.is_dir() and Path(seen["broker_options"]["control_folder"]).is_dir()
+    assert seen["beat_schedule_file"] == str(tmp_path / "celery" / "beat-schedule")
     assert (seen["queue_depth"], seen["queue_wait"], seen["prefill_chunk"], seen["batch_slots"]) == (32, 30.0, 128, 8)
     assert (seen["idle_ttl"], seen["watch_grace"], seen["client_tokens"]) == (12 * 3600.0, 45.0, False)
     # the generated secret key is stored in the data folder and reused by the next process
@@ -72,6 +81,7 @@ def test_service_urls_and_overrides_switch_the_backends(tmp_path):
     }
     assert seen["layer"] == "channels_redis.core.RedisChannelLayer"
     assert seen["broker"] == "redis://cache.example:6379/2" and seen["eager"] is False
+    assert seen["embedded_celery"] is False  # operators run `celery worker` and `celery beat` themselves
     assert seen["queue_depth"] == 7 and seen["client_tokens"] is True
 
 

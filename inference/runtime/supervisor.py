@@ -7,7 +7,8 @@ within `poll_interval`; that task also kills a worker whose heartbeats stop for 
 then noticed the same way. Either way the client ends everything in flight on that worker with `WorkerDied`, the
 `on_crash` hook runs (the platform writes an audit event there), and the worker is started again after an
 exponential backoff and given back its models. A restart that came up counts in pantheon_worker_restarts_total, and
-the dead process's gauges leave /metrics (docs/metrics.md).
+the dead process's gauges leave /metrics (docs/metrics.md). How a child of `serve` is started, watched, backed off
+and stopped is child_processes.py's, shared with the embedded Celery worker.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from inference.engine.contract.metrics import WORKER_RESTARTS, forget_process
+from inference.runtime.child_processes import restart_delay, spawn_child, terminate, unwatch_exit, watch_exit
 from inference.runtime.client_protocol import WorkerLink
 from inference.runtime.engine_client import ZmqEngineClient
 from inference.runtime.generation import EngineError, WorkerDied
-from inference.runtime.host_probe import REPO_ROOT
 
 logger = logging.getLogger("pantheon.supervisor")
 
@@ -151,15 +151,7 @@ class WorkerSupervisor:
         """SIGTERM every worker, wait up to `timeout` seconds in all, SIGKILL the rest. Safe from any thread."""
         for worker in self.workers.values():
             worker.state = "stopped"
-            if worker.process.poll() is None:
-                worker.process.terminate()
-        deadline = time.monotonic() + timeout
-        for worker in self.workers.values():
-            try:
-                worker.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                worker.process.wait()
+        terminate([worker.process for worker in self.workers.values()], timeout)
 
     # -- what runs where -----------------------------------------------------------------------------------------
 
@@ -179,14 +171,11 @@ class WorkerSupervisor:
 
     def _spawn(self, device: str) -> subprocess.Popen:
         self._incarnations += 1
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         command = [self.python, "-m", "inference.engine.worker_process", "--endpoint", self.client.endpoint,
                    "--device", device, "--identity", f"{device}/{self._incarnations}",
                    "--heartbeat-interval", str(self.heartbeat_interval),
                    "--log-format", self.log_format, "--log-level", self.log_level]  # fmt: skip
-        # A session of its own: a Ctrl-C in the terminal reaches the control plane, which then stops the workers.
-        return subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
+        return spawn_child(command)
 
     async def _start_worker(self, device: str, previous: WorkerProcess | None = None) -> WorkerLink:
         process = self._spawn(device)
@@ -228,11 +217,7 @@ class WorkerSupervisor:
 
     def _watch_exit(self, worker: WorkerProcess) -> None:
         """Checks the workers the moment this one exits, so what it ran ends at once rather than at the next poll."""
-        try:
-            worker.exit_fd = os.pidfd_open(worker.process.pid)
-        except (AttributeError, OSError):  # no pidfd here (not Linux, or a kernel before 5.3): the poll notices
-            return
-        asyncio.get_running_loop().add_reader(worker.exit_fd, self._exited, worker)
+        worker.exit_fd = watch_exit(worker.process, lambda: self._exited(worker))
 
     def _exited(self, worker: WorkerProcess) -> None:
         self._unwatch_exit(worker)
@@ -243,10 +228,8 @@ class WorkerSupervisor:
 
     @staticmethod
     def _unwatch_exit(worker: WorkerProcess) -> None:
-        if worker.exit_fd is not None:
-            asyncio.get_running_loop().remove_reader(worker.exit_fd)
-            os.close(worker.exit_fd)
-            worker.exit_fd = None
+        unwatch_exit(worker.exit_fd)
+        worker.exit_fd = None
 
     def _check_workers(self, judge_heartbeats: bool) -> None:
         links = self.client.workers()
@@ -281,8 +264,7 @@ class WorkerSupervisor:
         uptime = time.monotonic() - worker.started_at
         worker.failures_in_a_row = 0 if uptime > self.stable_after else worker.failures_in_a_row + 1
         while True:
-            delay = min(self.backoff_max, self.backoff_initial * 2 ** max(0, worker.failures_in_a_row - 1))
-            await asyncio.sleep(delay)
+            await asyncio.sleep(restart_delay(self.backoff_initial, self.backoff_max, worker.failures_in_a_row))
             try:
                 await self._start_worker(worker.device, previous=worker)
                 break

@@ -105,7 +105,8 @@ class PantheonServer:
 
 
 def serving_env(data_dir: Path, **overrides: str) -> dict[str, str]:
-    """The environment of a server (or command) on this test run's database and secret key."""
+    """The environment of a server (or command) on this test run's database and secret key. Its serve starts no
+    embedded Celery worker (a test that runs batches or periodic work starts the Celery processes it needs)."""
     env = dict(os.environ)
     env.update(
         DATABASE_URL=database_url(),
@@ -116,6 +117,7 @@ def serving_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         PANTHEON_WORKER_RESTART_BACKOFF_S="0.2",
         PANTHEON_LOG_LEVEL="WARNING",
         PYTHONUNBUFFERED="1",
+        PANTHEON_EMBEDDED_CELERY="0",
     )
     env.update(overrides)
     return env

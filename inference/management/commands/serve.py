@@ -3,12 +3,14 @@
 Daphne runs Twisted on an asyncio event loop; the worker supervisor, the engine client and every async view share
 that one loop, so a route awaits worker replies without a thread. Order: the metrics folder every process of the
 run writes to (pantheon_site/metrics_dir.py), migrate, start the workers (before listening, so the first request
-finds them), listen, write the run file (`manage.py load_model` finds the server through it), then load the
-catalogue's autoload models in the background.
+finds them), listen, write the run file (`manage.py load_model` and a batch's Celery task find the server through
+it), start the embedded Celery worker when PANTHEON_EMBEDDED_CELERY is on (inference/runtime/embedded_celery.py),
+then load the catalogue's autoload models in the background.
 
 Ctrl-C or SIGTERM shuts down gracefully: new completions get 503 server_shutting_down (Retry-After: 1) while the
 ones in flight run to their end, for up to PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S; then daphne stops (requests still
-open are cancelled, which aborts their generations), then the workers, and the run file is removed. A second
+open are cancelled, which aborts their generations), then the workers and the embedded Celery worker, and the run
+file is removed. A second
 signal skips the wait.
 """
 
@@ -56,6 +58,7 @@ class Command(PantheonCommand):
         from twisted.internet import defer, reactor
 
         from inference.runtime.control_plane import ControlPlane
+        from inference.runtime.embedded_celery import EmbeddedCeleryWorker
         from inference.services.model_lifecycle import load_catalogued
         from pantheon_site.asgi import application
 
@@ -63,19 +66,23 @@ class Command(PantheonCommand):
         asyncio.set_event_loop(loop)
         build_id()  # computed once now rather than by the first request
         plane = ControlPlane(load_catalogued)
+        celery = EmbeddedCeleryWorker.from_settings() if settings.PANTHEON_EMBEDDED_CELERY else None
         self.stdout.write("Starting the workers...")
         loop.run_until_complete(plane.start())
         secret = new_admin_secret()
         install_local_secret(secret)
 
+        async def stop_children():
+            await asyncio.gather(plane.stop(), *([celery.stop()] if celery else []))
+
         def stop_workers():
-            return defer.Deferred.fromFuture(asyncio.ensure_future(plane.stop(), loop=loop))
+            return defer.Deferred.fromFuture(asyncio.ensure_future(stop_children(), loop=loop))
 
         server = Server(
             application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=False,  # ours below: drain first
-            ready_callable=lambda: self._ready(plane, host, port, secret),
+            ready_callable=lambda: self._ready(plane, celery, host, port, secret),
             verbosity=0,
         )
         reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
@@ -92,17 +99,23 @@ class Command(PantheonCommand):
             remove_run_file(os.getpid())
             install_local_secret(None)
             plane.supervisor.terminate_all(timeout=5.0)
+            if celery:
+                celery.terminate()
         if not server.listening_addresses:
             loop.run_until_complete(plane.stop())
             raise CommandError(f"could not listen on {host}:{port} (is another server using the port?)")
         return CommandResult(lines=["Pantheon stopped."])
 
-    def _ready(self, plane, host: str, port: int, secret: str) -> None:
-        """Daphne listens: the run file tells `manage.py` commands where, then the catalogue's models load."""
+    def _ready(self, plane, celery, host: str, port: int, secret: str) -> None:
+        """Daphne listens: the run file tells `manage.py` commands and batch tasks where, the embedded Celery worker
+        starts, then the catalogue's models load."""
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
         write_run_file(RunInfo(os.getpid(), url, secret))
         devices = ", ".join(sorted(plane.client.workers()))
         self.stdout.write(f"Pantheon is serving on http://{host}:{port} (workers: {devices}). Ctrl-C stops it.")
+        if celery:
+            celery.start()
+            self.stdout.write(f"The embedded Celery worker (pid {celery.pid}) runs batches and periodic tasks.")
         self.stdout.flush()
         plane.start_autoload()
 
