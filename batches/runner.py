@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
+import logging
 import os
 import time
 import uuid
@@ -39,6 +40,7 @@ from batches.line_sender import LineResult, Wait, line_body, send_line
 from batches.models import Batch, BatchLine, BatchStatus, LineState
 from batches.server_target import ServerTarget, find_server
 
+logger = logging.getLogger("pantheon.batches")
 db = functools.partial(sync_to_async, thread_sensitive=True)  # one thread: one connection, never the loop's
 
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
@@ -99,6 +101,7 @@ class BatchRun:
             return
         if batch.status == BatchStatus.IN_PROGRESS:
             stop = await self.run_lines(batch)
+            logger.info("batch %s: lines stopped (%s)", self.batch_id, stop.value)
             if stop is Stop.LOST:
                 return
             if stop is Stop.EXPIRED:
@@ -153,14 +156,14 @@ class BatchRun:
         body = line_body(line.custom_id, raw)
         if isinstance(body, LineResult):
             return body
-        if self.server is None:
-            self.server = await asyncio.to_thread(find_server)
-            if self.server is None:
-                return Wait("server_unavailable", None, find_server_again=True)
+        server = self.server or await asyncio.to_thread(find_server)  # a local: other lines may forget it meanwhile
+        if server is None:
+            return Wait("server_unavailable", None, find_server_again=True)
+        self.server = server
         if not await db(count_attempt)(line.id):
             return None
         request_id = f"{batch.id.replace('_', '-')}.{line.number}.{uuid.uuid4().hex[:8]}"
-        return await send_line(client, self.server, batch.endpoint, line.custom_id, body, request_id)
+        return await send_line(client, server, batch.endpoint, line.custom_id, body, request_id)
 
     async def settle(self, line: PendingLine, outcome: LineResult | Wait | None, queue: list) -> None:
         """Records a line's result, or puts it back in the queue and makes the batch wait."""
@@ -172,13 +175,16 @@ class BatchRun:
             heapq.heappush(queue, line)
             if outcome.find_server_again:
                 self.server = None
-            self.waits_in_a_row += 1
             await self.set_waiting(outcome.reason)
-            self.resume_at = max(self.resume_at, time.monotonic() + self.wait_s(outcome.retry_after))
+            if time.monotonic() >= self.resume_at:  # the first wait answer since lines last started: wait longer
+                self.waits_in_a_row += 1
+                wait_s = self.wait_s(outcome.retry_after)
+                self.resume_at = time.monotonic() + wait_s
+                logger.info("batch %s waits %.1f s: %s", self.batch_id, wait_s, outcome.reason)
 
     def wait_s(self, retry_after: float | None) -> float:
-        """How long to wait: the server's Retry-After, else doubling from 1 s while waits follow each other;
-        bounded by PANTHEON_BATCH_WAIT_MAX_S."""
+        """How long to wait: the server's Retry-After, else doubling from 1 s while waits follow each other (the
+        lines in flight together count once); bounded by PANTHEON_BATCH_WAIT_MAX_S."""
         wanted = retry_after if retry_after is not None else 2.0 ** min(self.waits_in_a_row - 1, 16)
         return min(max(wanted, 0.1), settings.PANTHEON_BATCH_WAIT_MAX_S)
 

@@ -4,8 +4,12 @@
 
 The work is in batches/runner.py and batches/sweep.py; a task here only names it for Celery."""
 
+import logging
+
 from celery import shared_task
 from celery.signals import worker_ready
+
+logger = logging.getLogger("pantheon.batches")
 
 
 @shared_task(name="batches.run_batch", ignore_result=True)
@@ -23,11 +27,13 @@ def resume_batches(at_worker_start: bool = False) -> None:
     renewed lease makes that run_batch a no-op)."""
     from batches.sweep import held_batches, unrun_batches
 
-    for batch_id in unrun_batches():
+    unrun, held = unrun_batches(), held_batches() if at_worker_start else []
+    if unrun or held:
+        logger.info("resuming batches: %s now, %s when their lease runs out", unrun, [b for b, _ in held])
+    for batch_id in unrun:
         run_batch.delay(batch_id)
-    if at_worker_start:
-        for batch_id, seconds_left in held_batches():
-            run_batch.apply_async((batch_id,), countdown=max(0.0, seconds_left) + 1.0)
+    for batch_id, seconds_left in held:
+        run_batch.apply_async((batch_id,), countdown=max(0.0, seconds_left) + 1.0)
 
 
 @shared_task(name="batches.expire_batches", ignore_result=True)
