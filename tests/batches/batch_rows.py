@@ -16,7 +16,7 @@ from pathlib import Path
 from celery import Celery
 from django.utils import timezone
 
-from batches.models import Batch, BatchLine, FilePurpose, StoredFile
+from batches.models import Batch, BatchLine, BatchStatus, FilePurpose, LineState, StoredFile
 from tests.inference.serving import REPO_ROOT
 
 BATCH_REDIS_URL = "redis://127.0.0.1:6379/1"  # this branch's Redis database (docs/development.md)
@@ -48,6 +48,20 @@ def make_batch(files_dir: Path, lines: list, *, endpoint: str = "/v1/chat/comple
         offset += len(r) + 1
     BatchLine.objects.bulk_create(rows)
     return batch
+
+
+ENDED = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
+
+
+def ended(batch_id: str) -> Batch | None:
+    """The batch, once it has ended; None before."""
+    batch = Batch.objects.get(pk=batch_id)
+    return batch if batch.status in ENDED else None
+
+
+def recorded(batch_id: str) -> int:
+    """How many of the batch's lines have a recorded result."""
+    return BatchLine.objects.filter(batch_id=batch_id).exclude(state=LineState.PENDING).count()
 
 
 def send_task(broker_url: str, name: str, *args) -> None:

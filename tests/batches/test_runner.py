@@ -11,22 +11,10 @@ import pytest
 
 from batches.models import Batch, BatchLine, BatchStatus, FilePurpose, LineState, StoredFile
 from batches.services import do_cancel_batch
-from tests.batches.batch_rows import BATCH_REDIS_URL, chat_line, make_batch, output_lines, send_task
+from tests.batches.batch_rows import BATCH_REDIS_URL, chat_line, ended, make_batch, output_lines, recorded, send_task
 from tests.inference.serving import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ENDED = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
-
-
-def ended(batch_id: str) -> Batch | None:
-    batch = Batch.objects.get(pk=batch_id)
-    return batch if batch.status in ENDED else None
-
-
-def recorded(batch_id: str) -> int:
-    return BatchLine.objects.filter(batch_id=batch_id).exclude(state=LineState.PENDING).count()
-
 
 def files_of(server, batch: Batch) -> tuple[list[dict], list[dict]]:
     files = server.data_dir / "files"
