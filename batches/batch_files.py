@@ -48,9 +48,13 @@ def write_result_files(batch: Batch) -> tuple[str | None, str | None]:
         os.replace(draft, folder / file_id)
         StoredFile.objects.get_or_create(
             id=file_id,
-            defaults={"filename": f"{batch.id}_{kind}.jsonl", "purpose": FilePurpose.BATCH_OUTPUT,
-                      "bytes": (folder / file_id).stat().st_size, "line_count": counts[kind],
-                      "owner_id": batch.owner_id},  # fmt: skip
+            defaults={
+                "filename": f"{batch.id}_{kind}.jsonl",
+                "purpose": FilePurpose.BATCH_OUTPUT,
+                "bytes": (folder / file_id).stat().st_size,
+                "line_count": counts[kind],
+                "owner_id": batch.owner_id,
+            },
         )
         ids[kind] = file_id
     return ids["output"], ids["error"]

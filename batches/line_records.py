@@ -25,8 +25,12 @@ def answer_line(custom_id: str, status: int, request_id: str, model: str | None,
     return {
         "id": "batch_req_" + secrets.token_hex(12),
         "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": request_id, "headers": {MILLM_MODEL_HEADER: model},
-                     "body": body},  # fmt: skip
+        "response": {
+            "status_code": status,
+            "request_id": request_id,
+            "headers": {MILLM_MODEL_HEADER: model},
+            "body": body,
+        },
         "error": None,
     }
 

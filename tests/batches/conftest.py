@@ -12,19 +12,19 @@ from tests.inference.conftest import api, operator_token, serving_db, start_serv
 MODELS = ("stories", "stories-gguf")
 
 
-def load_models(api, stories_hf_dir, stories_gguf_path) -> None:
+def load_models(client, stories_hf_dir, stories_gguf_path) -> None:
     for name, path in zip(MODELS, (stories_hf_dir, stories_gguf_path), strict=True):
-        loaded = api.post("/admin/models/load", json={"path": str(path), "name": name})
+        loaded = client.post("/admin/models/load", json={"path": str(path), "name": name})
         assert loaded.status_code == 200, loaded.text
 
 
 @pytest.fixture(scope="module")
-def server(start_server):
+def server(start_server):  # noqa: F811
     return start_server()
 
 
 @pytest.fixture
-def models(api, stories_hf_dir, stories_gguf_path):
+def models(api, stories_hf_dir, stories_gguf_path):  # noqa: F811
     load_models(api, stories_hf_dir, stories_gguf_path)
     return MODELS
 

@@ -16,6 +16,7 @@ from tests.inference.serving import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def files_of(server, batch: Batch) -> tuple[list[dict], list[dict]]:
     files = server.data_dir / "files"
     return output_lines(files, batch.output_file_id), output_lines(files, batch.error_file_id)
@@ -55,8 +56,9 @@ def test_a_batch_answers_every_line_once_and_fails_only_its_bad_lines(server, mo
     assert by_id["unknown-model"]["response"]["body"]["error"]["type"] == "model_not_found"
     assert by_id["bad-body"]["response"] is None and by_id["bad-body"]["error"]["code"] == "invalid_body"
     # one send per line, and the files as OpenAI's: purpose batch_output, their line counts
-    assert set(BatchLine.objects.filter(batch=batch).exclude(custom_id="bad-body").values_list("attempts",
-                                                                                                flat=True)) == {1}
+    assert set(
+        BatchLine.objects.filter(batch=batch).exclude(custom_id="bad-body").values_list("attempts", flat=True)
+    ) == {1}
     stored = StoredFile.objects.filter(pk__in=[batch.output_file_id, batch.error_file_id])
     assert sorted(stored.values_list("purpose", "line_count")) == [(FilePurpose.BATCH_OUTPUT, 2),
                                                                    (FilePurpose.BATCH_OUTPUT, 38)]  # fmt: skip
