@@ -87,7 +87,9 @@ async def send_line(
     if server.token:
         headers["Authorization"] = f"Bearer {server.token}"
     try:
-        response = await client.post(server.url + endpoint, json={**body, "stream": False}, headers=headers)
+        # a batch line's answer is one JSON object: a line asking to stream is answered whole
+        body = {**body, "stream": False} if body.get("stream") else body
+        response = await client.post(server.url + endpoint, json=body, headers=headers)
     except httpx.TransportError:  # refused, reset, timed out: no answer to record; the server is looked up again
         return Wait(SERVER_UNAVAILABLE, None, find_server_again=True)
     try:

@@ -261,7 +261,7 @@ def _to_finalizing(batch_id: str, owner: str) -> None:
 
 def _finalize(batch_id: str, owner: str) -> None:
     """finalizing -> completed (or expired, when the window ended it), cancelling -> cancelled: the output and error
-    files first, then the status with them."""
+    files first, then the status with them (and the lease let go: an ended batch has no task)."""
     batch = Batch.objects.filter(pk=batch_id, lease_owner=owner).first()
     if batch is None or batch.status not in (BatchStatus.FINALIZING, BatchStatus.CANCELLING):
         return
@@ -272,5 +272,11 @@ def _finalize(batch_id: str, owner: str) -> None:
     output_id, error_id = write_result_files(batch)
     ended = {} if terminal == BatchStatus.EXPIRED else {TERMINAL_FIELD[terminal]: timezone.now()}
     Batch.objects.filter(pk=batch_id, lease_owner=owner, status=batch.status).update(
-        status=terminal, output_file_id=output_id, error_file_id=error_id, waiting_reason="", **ended
+        status=terminal,
+        output_file_id=output_id,
+        error_file_id=error_id,
+        waiting_reason="",
+        lease_owner="",
+        lease_until=None,
+        **ended,
     )
