@@ -434,3 +434,25 @@ if not 0 < PANTHEON_BATCH_SLOT_SHARE <= 1:
     raise ImproperlyConfigured(
         f"PANTHEON_BATCH_SLOT_SHARE must be in (0, 1], a share of a model's slots; got {PANTHEON_BATCH_SLOT_SHARE}"
     )
+
+# --- batch execution (docs/batches.md) ---
+# Seconds a batch's lease lasts unless renewed: a batch whose Celery worker died is taken over this long after.
+PANTHEON_BATCH_LEASE_S = _env_float("PANTHEON_BATCH_LEASE_S", 60.0)
+# Lines of one batch sent to the server at once, so the engine can batch them.
+PANTHEON_BATCH_LINES_IN_FLIGHT = _env_int("PANTHEON_BATCH_LINES_IN_FLIGHT", 4)
+# The longest a batch waits after a "wait" answer before trying again, whatever Retry-After says.
+PANTHEON_BATCH_WAIT_MAX_S = _env_float("PANTHEON_BATCH_WAIT_MAX_S", 30.0)
+# Seconds one line may take on the server before it is given up and sent again.
+PANTHEON_BATCH_LINE_TIMEOUT_S = _env_float("PANTHEON_BATCH_LINE_TIMEOUT_S", 600.0)
+# The server a Celery worker on another host sends lines to, and the token it presents; unset, the worker finds
+# the server of its own host through the run file and presents the run's local credential.
+PANTHEON_SERVER_URL = _env_str("PANTHEON_SERVER_URL", "").rstrip("/")
+PANTHEON_SERVER_TOKEN = _env_str("PANTHEON_SERVER_TOKEN", "")
+# A batch's task runs for hours: its message is acknowledged when it ends (a worker that dies mid-batch leaves it to
+# be delivered again), and a worker process killed under a task requeues it (one message at a time and retrying the
+# broker at start: the Celery block above).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A running batch needs no broker, so losing it does not cancel the batch's task (its lease, not the message, says
+# who runs a batch).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False

@@ -1,4 +1,6 @@
-"""Fixtures of the Files and Batch API tests: a files folder of the test's own, tokens, and small request helpers."""
+"""Fixtures of the batch tests: a files folder of the test's own, tokens and small request helpers (the Files and
+Batch routes' tests); the module's server (tests/inference/conftest.py) with stories260K loaded twice (so a line
+naming neither is an unknown model), and Celery workers beside it on their own Redis database (the runner's tests)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+import redis
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from pantheon_site.tokens import do_create_token
+from tests.batches.runner_batches import BATCH_REDIS_URL, CeleryWorker, worker_env
+from tests.inference.conftest import api, operator_token, serving_db, start_server  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -48,3 +53,39 @@ def upload(client, content: bytes, secret: str | None = None, name: str = "input
 def create_batch(client, file_id: str, secret: str | None = None, **body):
     fields = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **body}
     return client.post("/v1/batches", json.dumps(fields), content_type="application/json", **auth(secret))
+
+MODELS = ("stories", "stories-gguf")
+
+
+def load_models(client, stories_hf_dir, stories_gguf_path) -> None:
+    for name, path in zip(MODELS, (stories_hf_dir, stories_gguf_path), strict=True):
+        loaded = client.post("/admin/models/load", json={"path": str(path), "name": name})
+        assert loaded.status_code == 200, loaded.text
+
+
+@pytest.fixture(scope="module")
+def server(start_server):  # noqa: F811
+    return start_server()
+
+
+@pytest.fixture
+def models(api, stories_hf_dir, stories_gguf_path):  # noqa: F811
+    load_models(api, stories_hf_dir, stories_gguf_path)
+    return MODELS
+
+
+@pytest.fixture
+def start_worker(server, tmp_path):
+    """`start_worker(**env)` starts a Celery worker beside the module's server (its queue emptied first, so no
+    message of an earlier test reaches it); every worker is killed at the end of the test."""
+    redis.Redis.from_url(BATCH_REDIS_URL).flushdb()
+    workers: list[CeleryWorker] = []
+
+    def start(**env: str) -> CeleryWorker:
+        worker = CeleryWorker(worker_env(server.env, **env), tmp_path / f"celery-{len(workers)}.log").start()
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.kill()
