@@ -54,6 +54,7 @@ def create_batch(client, file_id: str, secret: str | None = None, **body):
     fields = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h", **body}
     return client.post("/v1/batches", json.dumps(fields), content_type="application/json", **auth(secret))
 
+
 MODELS = ("stories", "stories-gguf")
 
 

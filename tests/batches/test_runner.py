@@ -11,7 +11,15 @@ import pytest
 
 from batches.models import Batch, BatchLine, BatchStatus, FilePurpose, LineState, StoredFile
 from batches.services import do_cancel_batch
-from tests.batches.runner_batches import BATCH_REDIS_URL, chat_line, ended, make_batch, output_lines, recorded, send_task
+from tests.batches.runner_batches import (
+    BATCH_REDIS_URL,
+    chat_line,
+    ended,
+    make_batch,
+    output_lines,
+    recorded,
+    send_task,
+)
 from tests.inference.serving import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
