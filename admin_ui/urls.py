@@ -26,6 +26,7 @@ urlpatterns = [
     path("batches/", batches.page, name="batches"),
     path("batches/live/", batches.live, name="batches-live"),
     path("batches/cancel/", batches.cancel, name="batch-cancel"),
+    path("batches/files/<str:file_id>/", batches.file_content, name="batch-file"),
     path("weights/", weights.page, name="weights"),
     path("weights/clear-stale/", weights.clear_stale, name="weights-clear-stale"),
     path("tokens/", tokens.page, name="tokens"),

@@ -4,18 +4,22 @@ to its output and error files), filtered by status, paged by keyset; and cancel.
 The rows are batches/batch_rows.py's, read as an operator reads them (viewer None: every batch). The list is a
 partial that polls itself while any batch still has work in it, and stops once none has. Cancel runs
 batches/services.py's do_cancel_batch, as POST /v1/batches/{id}/cancel does, audited as batch_cancel with the
-signed-in user as actor.
+signed-in user as actor. A file's content is served under /ui/ to the signed-in staff user, as
+GET /v1/files/{id}/content serves it to a token: a plain link to /v1 would need a bearer token the browser does not
+send when client tokens are required.
 """
 
 from urllib.parse import urlencode
 
+from django.http import FileResponse, Http404
 from django.views.decorators.http import require_GET, require_POST
 
 from admin_ui.views import common
 from admin_ui.views.common import Notice, ui_call
 from batches.batch_rows import BatchPage, any_active, batch_page
+from batches.files import content_path
 from batches.models import BatchStatus
-from batches.services import do_cancel_batch
+from batches.services import do_cancel_batch, visible_file
 from pantheon_site.errors import PantheonError
 
 PAGE_SIZE = 25
@@ -73,3 +77,14 @@ def cancel(request):
     except PantheonError as error:
         return _render(request, [Notice(error.message, "error")])
     return _render(request, [Notice(f"Batch {batch.id} is {batch.status}: lines in flight finish, no other starts.")])
+
+
+@require_GET
+def file_content(request, file_id: str):
+    """A batch's input, output or error file, as GET /v1/files/{id}/content answers an operator."""
+    try:
+        stored = visible_file(file_id, None)
+        handle = content_path(stored.id).open("rb")
+    except (PantheonError, OSError):
+        raise Http404(f"no file {file_id!r}") from None
+    return FileResponse(handle, content_type="application/jsonl", filename=stored.filename)

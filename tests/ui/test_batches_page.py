@@ -51,6 +51,19 @@ def test_anonymous_visitors_and_non_staff_users_are_sent_to_sign_in(url):
     assert visitor.get(url)["Location"].startswith("/ui/login/")
 
 
+def test_a_batch_file_is_served_to_staff_under_ui_whatever_the_token_settings(operator, settings, tmp_path):
+    settings.PANTHEON_FILES_DIR, settings.PANTHEON_REQUIRE_CLIENT_TOKENS = tmp_path, True
+    output = stored_file(FilePurpose.BATCH_OUTPUT)
+    (tmp_path / output.id).write_bytes(b'{"custom_id": "a"}\n')
+    url = reverse("ui:batch-file", args=[output.id])
+    served = operator.get(url)
+    assert served.status_code == 200 and b"".join(served.streaming_content) == b'{"custom_id": "a"}\n'
+    assert served["Content-Type"] == "application/jsonl"
+    assert operator.get(reverse("ui:batch-file", args=["file-missing"])).status_code == 404
+    anonymous = Client().get(url)
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/ui/login/")
+
+
 def test_an_anonymous_cancel_is_sent_to_sign_in_and_changes_nothing():
     batch = make_batch(BatchStatus.IN_PROGRESS)
     response = Client().post(reverse("ui:batch-cancel"), {"batch_id": batch.id})
@@ -99,8 +112,8 @@ def test_each_row_shows_its_status_counts_progress_and_a_cancel_only_where_it_st
     assert "3 / 1 / 8" in rows[running.id] and 'aria-valuenow="50"' in rows[running.id]
     assert 'aria-valuenow="0"' in rows[checking.id]
     assert "4 / 1 / 5" in rows[done.id] and 'aria-valuenow="100"' in rows[done.id]
-    assert f'href="/v1/files/{done.output_file_id}/content"' in rows[done.id]
-    assert f'href="/v1/files/{done.error_file_id}/content"' in rows[done.id]
+    assert f'href="/ui/batches/files/{done.output_file_id}/"' in rows[done.id]
+    assert f'href="/ui/batches/files/{done.error_file_id}/"' in rows[done.id]
     assert "line 2: not JSON" in rows[refused.id]
     cancellable = {batch_id for batch_id, row in rows.items() if ">Cancel</button>" in row}
     assert cancellable == {running.id, checking.id}
