@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
@@ -26,9 +26,9 @@ def _until():
     return timezone.now() + timedelta(seconds=settings.PANTHEON_BATCH_LEASE_S)
 
 
-def lease_is_free() -> Q:
-    """Batches whose lease nobody holds now: never taken, released, or run out."""
-    return Q(lease_owner="") | Q(lease_until__isnull=True) | Q(lease_until__lt=timezone.now())
+def lease_is_free(now: datetime | None = None) -> Q:
+    """Batches whose lease nobody holds at `now` (default: now): never taken, released, or run out."""
+    return Q(lease_owner="") | Q(lease_until__isnull=True) | Q(lease_until__lt=now or timezone.now())
 
 
 def take_lease(batch_id: str, owner: str) -> bool:

@@ -25,9 +25,12 @@ def resume_batches(at_worker_start: bool = False) -> None:
     """Sends run_batch for every active batch no task runs. At a worker's start also for the batches still held,
     each once its lease runs out: the worker that held them may be the one this worker replaces (if it lives, its
     renewed lease makes that run_batch a no-op)."""
+    from django.utils import timezone
+
     from batches.sweep import held_batches, unrun_batches
 
-    unrun, held = unrun_batches(), held_batches() if at_worker_start else []
+    now = timezone.now()
+    unrun, held = unrun_batches(now), held_batches(now) if at_worker_start else []
     if unrun or held:
         logger.info("resuming batches: %s now, %s when their lease runs out", unrun, [b for b, _ in held])
     for batch_id in unrun:

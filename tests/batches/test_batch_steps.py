@@ -13,6 +13,7 @@ from batches.lease import release_lease, renew_lease, take_lease
 from batches.line_records import answer_line, count_attempt, record_line
 from batches.models import Batch, BatchLine, BatchStatus, LineState, StoredFile
 from batches.runner import run_batch
+from batches.sweep import held_batches, unrun_batches
 from batches.tasks import expire_batches
 from tests.batches.runner_batches import chat_line, make_batch, output_lines
 
@@ -38,6 +39,23 @@ def test_one_task_holds_a_batch_and_a_dead_ones_lease_is_taken_over(files_dir):
     release_lease(batch.id, "first")  # changes nothing: not its lease any more
     assert Batch.objects.get(pk=batch.id).lease_owner == "second"
     assert not take_lease("batch_missing", "third")
+
+
+def test_a_sweep_finds_every_active_batch_either_unrun_or_held(files_dir):
+    """At a worker's start every active batch is resumed now (its lease is free) or once its lease runs out (held):
+    a lease running out between the sweep's two questions must not leave a batch in neither."""
+    now = timezone.now()
+    leases = {"never": None, "ran out": now - timedelta(microseconds=1), "runs out now": now,
+              "held": now + timedelta(seconds=30)}  # fmt: skip
+    batches = {}
+    for name, until in leases.items():
+        batch = three_lines(files_dir)
+        Batch.objects.filter(pk=batch.id).update(lease_owner="" if until is None else "a task", lease_until=until)
+        batches[batch.id] = name
+    unrun, held = unrun_batches(now), dict(held_batches(now))
+    assert sorted(batches[b] for b in unrun) == ["never", "ran out"]
+    assert sorted(batches[b] for b in held) == ["held", "runs out now"]
+    assert [seconds for b, seconds in held.items() if batches[b] == "runs out now"] == [0.0]
 
 
 def test_a_line_is_recorded_and_counted_once(files_dir):
