@@ -403,6 +403,9 @@ PANTHEON_STALE_WORKER_INTERVAL_S = _env_float("PANTHEON_STALE_WORKER_INTERVAL_S"
 PANTHEON_WORKER_STALE_AFTER_S = _env_float("PANTHEON_WORKER_STALE_AFTER_S", 120.0)
 # Expired files: how often they are pruned (row and content).
 PANTHEON_FILE_PRUNE_INTERVAL_S = _env_float("PANTHEON_FILE_PRUNE_INTERVAL_S", 600.0)
+# A file under PANTHEON_FILES_DIR that no row names is removed by the prune once nothing has written it for this long
+# (what a crash left); the grace spares an upload or a batch's files being written at that moment.
+PANTHEON_FILE_ORPHAN_GRACE_S = _env_float("PANTHEON_FILE_ORPHAN_GRACE_S", 3600.0)
 # A batch's output and error files expire this many days after they are written, as OpenAI's do (0: kept).
 PANTHEON_BATCH_OUTPUT_RETENTION_DAYS = _env_float("PANTHEON_BATCH_OUTPUT_RETENTION_DAYS", 30.0)
 # Audit events older than this many days are pruned, the pruning itself audited (0: never delete any).

@@ -1,6 +1,7 @@
 """Expired files are pruned, row and content; an active batch's input stays; a batch's output files expire after
 PANTHEON_BATCH_OUTPUT_RETENTION_DAYS and the batch's reference to a pruned one is cleared."""
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -88,3 +89,19 @@ def test_with_no_output_retention_output_files_are_kept(files_dir, prune):
     with override_settings(PANTHEON_BATCH_OUTPUT_RETENTION_DAYS=0):
         assert prune().deleted == []
     assert StoredFile.objects.get(pk=old_output.pk).expires_at is None
+
+
+def test_content_no_row_names_goes_once_its_grace_has_passed_and_files_being_written_stay(files_dir, prune):
+    """What a crash leaves (content whose row a prune deleted before its unlink, an upload's or a finalize's draft)
+    is removed; a fresh draft (being written now) and every file a row names stay."""
+    named = _file(files_dir, expires_in_s=None)
+    two_hours_ago = (timezone.now() - timedelta(hours=2)).timestamp()
+    leftovers = {"file-gone": b"{}\n", ".upload-abc123": b"{}\n", ".file-out.123": b"{}\n"}
+    for name, content in leftovers.items():
+        (files_dir / name).write_bytes(content)
+        os.utime(files_dir / name, (two_hours_ago, two_hours_ago))
+    os.utime(files_dir / named.id, (two_hours_ago, two_hours_ago))
+    (files_dir / ".upload-now").write_bytes(b"{")  # an upload being written
+    done = prune()
+    assert sorted(done.orphans) == sorted(leftovers)
+    assert sorted(p.name for p in files_dir.iterdir()) == sorted([named.id, ".upload-now"])
