@@ -34,24 +34,23 @@ def visible_to(queryset: QuerySet, viewer: AccessToken | None) -> QuerySet:
     return queryset.filter(owner=viewer)
 
 
+def _visible(model, row_id: str, viewer: AccessToken | None, noun: str):
+    """The row of `model` with this id, if `viewer` may see it; raises NotFound (reason `<noun>_not_found`)
+    otherwise, also for an id the database cannot hold."""
+    row = visible_to(model.objects.all(), viewer).filter(pk=row_id).first() if is_storable_text(row_id) else None
+    if row is None:
+        raise NotFound(f"no {noun} {row_id!r}", reason=f"{noun}_not_found")
+    return row
+
+
 def visible_batch(batch_id: str, viewer: AccessToken | None) -> Batch:
     """The batch, if `viewer` may see it; raises NotFound otherwise."""
-    batch = None
-    if is_storable_text(batch_id):
-        batch = visible_to(Batch.objects.all(), viewer).filter(pk=batch_id).first()
-    if batch is None:
-        raise NotFound(f"no batch {batch_id!r}", reason="batch_not_found")
-    return batch
+    return _visible(Batch, batch_id, viewer, "batch")
 
 
 def visible_file(file_id: str, viewer: AccessToken | None) -> StoredFile:
     """The file, if `viewer` may see it; raises NotFound otherwise."""
-    stored = None
-    if is_storable_text(file_id):
-        stored = visible_to(StoredFile.objects.all(), viewer).filter(pk=file_id).first()
-    if stored is None:
-        raise NotFound(f"no file {file_id!r}", reason="file_not_found")
-    return stored
+    return _visible(StoredFile, file_id, viewer, "file")
 
 
 def do_cancel_batch(batch_id: str, viewer: AccessToken | None) -> Batch:

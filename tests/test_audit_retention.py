@@ -99,24 +99,15 @@ def test_the_ui_check_says_the_chain_starts_where_retention_cut_it():
     assert "Hash chain intact: 3 events verified\n  (older events were pruned by retention" in content
 
 
-def test_removing_a_row_in_the_middle_after_a_prune_is_still_reported():
+@pytest.mark.parametrize("removed", [1, 0], ids=["a row in the middle", "the first row after the cut"])
+def test_removing_a_row_after_a_prune_is_still_reported(removed):
+    # The anchor names exactly where retention cut: taking the next row too is not retention's doing.
     _write(3, days_ago=40)
     kept = _write(4)
     prune_audit_log(30)
     with trigger_dropped():
-        _raw(f"DELETE FROM {TABLE} WHERE id = %s", [kept[1].id])
-    with pytest.raises(CommandError, match=f"broken at event {kept[2].id}: its link does not meet"):
-        _verify()
-
-
-def test_removing_the_first_row_after_the_cut_is_reported():
-    # The anchor names exactly where retention cut: taking the next row too is not retention's doing.
-    _write(3, days_ago=40)
-    kept = _write(3)
-    prune_audit_log(30)
-    with trigger_dropped():
-        _raw(f"DELETE FROM {TABLE} WHERE id = %s", [kept[0].id])
-    with pytest.raises(CommandError, match=f"broken at event {kept[1].id}: its link does not meet"):
+        _raw(f"DELETE FROM {TABLE} WHERE id = %s", [kept[removed].id])
+    with pytest.raises(CommandError, match=f"broken at event {kept[removed + 1].id}: its link does not meet"):
         _verify()
 
 

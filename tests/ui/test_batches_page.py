@@ -21,13 +21,6 @@ from tests.ui.batch_data import make_batch, stored_file
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def operator(staff_user) -> Client:
-    client = Client()
-    client.force_login(staff_user)
-    return client
-
-
 def _rows(response) -> dict[str, str]:
     """Each listed batch's row (its HTML), by batch id, in the page's order."""
     assert response.status_code == 200

@@ -3,20 +3,12 @@ load's refusal in words, and how a running load's progress is drawn."""
 
 import pytest
 from django.template.loader import render_to_string
-from django.test import Client
 from django.urls import reverse
 
 from inference.models import CatalogModel
 from pantheon_site.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(staff_user) -> Client:
-    client = Client()
-    client.force_login(staff_user)
-    return client
 
 
 def test_register_edit_and_remove_a_catalogue_entry(operator, stories_gguf_path):

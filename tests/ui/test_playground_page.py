@@ -19,13 +19,6 @@ CONTROLS = ["model", "temperature", "max-tokens", "json", "tools", "tools-json",
             "transcript"]  # fmt: skip
 
 
-@pytest.fixture
-def operator(staff_user) -> Client:
-    client = Client()
-    client.force_login(staff_user)
-    return client
-
-
 def test_the_page_has_every_control_and_loads_its_script(operator):
     response = operator.get(reverse("ui:playground"))
     assert response.status_code == 200
