@@ -1,0 +1,1 @@
+"""The fleet: serve instances behind one or more routers (docs/fleet.md)."""
