@@ -18,7 +18,8 @@ class ModelPlacement:
     """A served model: which worker holds it, how it was loaded, and the platform's two facts about it. state:
     loading, ready, unloading, or reloading (after its worker crashed). `instance_id` is the ModelInstance row the
     platform wrote once the load succeeded (None until then, and for a load that is not recorded); this client
-    only keeps it, as a plain int."""
+    only keeps it, as a plain int. `name` is the placement's key (the worker's name for it); `served_name` is the
+    name clients use, shared by a model's replicas (equal to `name` when not given)."""
 
     name: str
     device: str
@@ -29,6 +30,11 @@ class ModelPlacement:
     loaded_at: float | None = None  # time.time() when the first LOAD succeeded (a reload after a crash keeps it)
     weights: WeightsSnapshot | None = None  # its weights barrier, as the worker last reported it
     load_progress: p.LoadProgress | None = None  # how far its load has read, while it loads
+    served_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.served_name:
+            self.served_name = self.name
 
     def weights_held(self) -> str | None:
         """Why batch work must wait for this model's weights, or None: a trainer holds them (the barrier quiesced,
