@@ -28,8 +28,11 @@ def token_digest(secret: str) -> str:
     return hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
 
 
-def do_create_token(role: str, label: str, *, expires_at: datetime | None = None) -> tuple[AccessToken, str]:
-    """Create a token; returns the row and the secret, which exists nowhere else afterwards.
+def do_create_token(
+    role: str, label: str, *, expires_at: datetime | None = None, secret: str | None = None
+) -> tuple[AccessToken, str]:
+    """Create a token; returns the row and the secret, which exists nowhere else afterwards (a new random one unless
+    `secret` is given: do_install_token's, checked there).
 
     Raises InvalidRequest for an unknown role, an empty label or a label already in use (revoked tokens included,
     so a label always names one token in the audit log).
@@ -39,7 +42,7 @@ def do_create_token(role: str, label: str, *, expires_at: datetime | None = None
     label = label.strip()
     if not label:
         raise InvalidRequest("label must not be empty", reason="bad_label")
-    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    secret = secret or SECRET_PREFIX + secrets.token_urlsafe(32)
     token = AccessToken(
         label=label, role=role, digest=token_digest(secret), prefix=secret[:PREFIX_LENGTH], expires_at=expires_at
     )
@@ -49,6 +52,39 @@ def do_create_token(role: str, label: str, *, expires_at: datetime | None = None
     except IntegrityError:
         raise InvalidRequest(f"a token labelled {label!r} already exists", reason="duplicate_label") from None
     return token, secret
+
+
+# A secret an operator brings (do_install_token) must carry as many random characters as one made here.
+MIN_SECRET_CHARS = len(SECRET_PREFIX) + 43
+
+
+def do_install_token(role: str, label: str, secret: str) -> tuple[AccessToken, bool]:
+    """Create a token whose secret the operator chose (a deployment's bootstrap token, kept in its secret store);
+    returns the row and whether it was created. Running it again with the same role, label and secret changes
+    nothing, so a deployment's setup job can run on every upgrade.
+
+    Raises InvalidRequest for a secret that is not `pth_` and at least 43 more characters, or for a label already
+    held by another token (another secret or role, or revoked): its holder must revoke it and pick a new label.
+    """
+    if not secret.startswith(SECRET_PREFIX) or len(secret) < MIN_SECRET_CHARS:
+        raise InvalidRequest(
+            f"a token secret is {SECRET_PREFIX!r} followed by at least {MIN_SECRET_CHARS - len(SECRET_PREFIX)} "
+            "random URL-safe characters",
+            reason="bad_secret",
+        )
+    if role not in Role.values:
+        raise InvalidRequest(f"role must be one of {', '.join(Role.values)}", reason="bad_role")
+    existing = AccessToken.objects.filter(label=label.strip()).first()
+    if existing is None:
+        token, _ = do_create_token(role, label, secret=secret)
+        return token, True
+    same = hmac.compare_digest(existing.digest, token_digest(secret)) and existing.role == role
+    if not same or existing.state() != "active":
+        raise InvalidRequest(
+            f"a token labelled {existing.label!r} already exists with another secret or role, or is no longer active",
+            reason="duplicate_label",
+        )
+    return existing, False
 
 
 def do_revoke_token(label: str) -> AccessToken:

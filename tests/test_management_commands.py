@@ -47,6 +47,25 @@ def test_create_token_with_expiry():
 
 
 @pytest.mark.django_db
+def test_create_token_installs_a_bootstrap_secret_from_the_environment_once(monkeypatch):
+    """A deployment's setup job runs this on every upgrade: the secret in its store becomes an operator token, is
+    never printed, and a second run keeps it; another secret under the same label is refused."""
+    secret = "pth_" + "b" * 43
+    monkeypatch.setenv("BOOTSTRAP_OPERATOR_TOKEN", secret)
+    options = {"role": "operator", "label": "bootstrap", "secret_from_env": "BOOTSTRAP_OPERATOR_TOKEN"}
+    first, again = run("create_token", **options), run("create_token", **options)
+    assert first[0].startswith("Created") and again[0].startswith("Kept")
+    assert secret not in "\n".join(first + again)
+    assert authenticate_token(secret).role == "operator"
+    monkeypatch.setenv("BOOTSTRAP_OPERATOR_TOKEN", "pth_" + "c" * 43)
+    with pytest.raises(CommandError, match="already exists"):
+        run("create_token", **options)
+    monkeypatch.setenv("BOOTSTRAP_OPERATOR_TOKEN", "pth_short")
+    with pytest.raises(CommandError, match="43"):
+        run("create_token", **{**options, "label": "other"})
+
+
+@pytest.mark.django_db
 def test_list_tokens_shows_state_without_secrets():
     run("create_token", role="operator", label="ops")
     run("create_token", role="trainer", label="trainer-a")
