@@ -201,8 +201,15 @@ def test_every_manage_py_command_exists():
     assert named - set(get_commands()) - LANDING == set()
 
 
+def test_pantheon_containers_keep_the_images_entrypoint():
+    """`command:` would replace tini (deploy/Dockerfile's ENTRYPOINT): `serve` would run as PID 1 with nothing to
+    reap what its worker processes leave. The manifests give their commands as `args:`."""
+    replaced = [name for name, c in containers() if c["image"].startswith("pantheon") and "command" in c]
+    assert replaced == []
+
+
 def test_the_celery_processes_name_the_projects_app():
-    words = [command_words(c.get("command", [])) for _, c in containers()]
+    words = [command_words(c.get("args", [])) for _, c in containers()]
     words += [command_words(s.get("command")) for s in compose()["services"].values()]
     celery = [w for w in words if w[:1] == ["celery"]]
     assert len(celery) == 4  # worker and beat, in each
@@ -246,7 +253,7 @@ def test_instances_advertise_the_names_their_headless_service_gives_them():
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     port = serve["ports"][0]["containerPort"]
     assert env["PANTHEON_PUBLIC_URL"]["value"] == f"http://$(POD_NAME).{service_name}.$(POD_NAMESPACE).svc:{port}"
-    assert f"--port {port}" in " ".join(map(str, serve["command"]))
+    assert f"--port {port}" in " ".join(map(str, serve["args"]))
     gpu = serve["resources"]["limits"]["nvidia.com/gpu"]
     assert gpu == serve["resources"]["requests"]["nvidia.com/gpu"] == "1"
 
