@@ -365,8 +365,10 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
         placements = router.replicas(name)
         if not placements:
             raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
+        if router.is_loading(name):  # a replica on its way would outlive the unload of the others
+            raise UnloadFailed(f"model {name!r} is loading", status=409, reason="loading")
     for placement in placements:
-        if placement.state in ("loading", "unloading") or router.is_loading(name):
+        if placement.state in ("loading", "unloading"):
             raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
     if (
         held := next((pl.weights for pl in router.placements().values() if pl.weights and pl.weights.attachment), None)
