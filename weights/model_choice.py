@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from inference.engine.contract.weights import WeightsCode
 from inference.runtime.engine_client import ModelPlacement
-from inference.runtime.router import ModelRouter
+from inference.runtime.router import ModelRouter, key_order
 from weights.errors import weights_error
 
 MODEL_NAME_MAX = 200  # a catalogue name's length (CatalogModel.name)
@@ -37,8 +37,13 @@ def attached_placement(router: ModelRouter) -> ModelPlacement | None:
 
 
 def served_placements(router: ModelRouter) -> dict[str, ModelPlacement]:
-    """The models whose barrier can answer, by served name: those ready, each with its barrier's snapshot."""
-    return {n: pl for n, pl in sorted(router.placements().items()) if pl.state == "ready" and pl.weights is not None}
+    """The models whose barrier can answer, by served name: those ready, each with its barrier's snapshot. A model
+    with several replicas is its first (docs/replicas.md: the weights calls that change it refuse it)."""
+    served: dict[str, ModelPlacement] = {}
+    for pl in sorted(router.placements().values(), key=lambda pl: (pl.served_name, key_order(pl))):
+        if pl.state == "ready" and pl.weights is not None:
+            served.setdefault(pl.served_name, pl)
+    return served
 
 
 def default_placement(router: ModelRouter) -> ModelPlacement | None:

@@ -104,9 +104,10 @@ async def call_barrier(
         return data
     if operation is WeightsOperation.LOAD:
         placement = call_placement(router, model)
+        _refuse_replicated(router, placement)
         target = await sync_to_async(_load_target)(body)
         data = await _forward(router, placement, operation, role, label, attachment_id, target, record)
-        await sync_to_async(_record_served)(router, placement.name, target.path, target.origin)
+        await sync_to_async(_record_served)(router, placement, target.path, target.origin)
         return data
     placement = _holder_placement(router, model)
     # only a save's fields travel: the other holder calls take none
@@ -114,7 +115,7 @@ async def call_barrier(
     data = await _forward(router, placement, operation, role, label, attachment_id, request, record)
     if operation is WeightsOperation.SAVE:
         await sync_to_async(_record_checkpoint)(data, placement, label)
-        await sync_to_async(_record_served)(router, placement.name, data["path"], "checkpoint")
+        await sync_to_async(_record_served)(router, placement, data["path"], "checkpoint")
     if operation is WeightsOperation.COMMIT_END:
         record.extra = {"elapsed_ms": data["commit_ms"], "steps": data["steps_since_load"]}
     return data
@@ -143,7 +144,23 @@ def _attach_target(router: ModelRouter, name: str) -> ModelPlacement:
     placement = call_placement(router, name)
     if any(pl.state != "ready" for pl in router.placements().values()) or router.loads_in_progress():
         raise weights_error(WeightsCode.NOT_ATTACHABLE, "a load or an unload is in progress", reason="model_transition")
+    _refuse_replicated(router, placement)
     return placement
+
+
+def _refuse_replicated(router: ModelRouter, placement: ModelPlacement) -> None:
+    """A model served by several replicas takes no attach and no weights load (400 NOT_ATTACHABLE, reason
+    replicated, beside the spec's other reasons a model is not attachable): the trainer would write one replica's
+    weights while the others answer with the old ones (docs/replicas.md). Unload the extra replicas by id first."""
+    replicas = router.replicas(placement.served_name)
+    if len(replicas) > 1:
+        raise weights_error(
+            WeightsCode.NOT_ATTACHABLE,
+            f"{placement.served_name!r} is served by {len(replicas)} replicas; the weights of a replicated model "
+            "cannot be attached to or loaded (unload the extra replicas by instance id first)",
+            reason="replicated",
+            details={"instance_ids": [pl.instance_id for pl in replicas]},
+        )
 
 
 async def _forward(
@@ -252,14 +269,14 @@ def _manifest_target(directory: Path) -> LoadTarget:
     )
 
 
-def _record_served(router: ModelRouter, name: str, path: str, origin: str) -> None:
-    """What `name` serves since a save or a weights load, kept where a restart and a crash reload find it: the
-    catalogue row (the checkpoint directory; none when the row's own weights, or another model's, were loaded) and
-    the placement's load."""
+def _record_served(router: ModelRouter, placement: ModelPlacement, path: str, origin: str) -> None:
+    """What the placement serves since a save or a weights load, kept where a restart and a crash reload find it:
+    the catalogue row of its served name (the checkpoint directory; none when the row's own weights, or another
+    model's, were loaded) and the placement's load."""
     checkpoint = path if origin == "checkpoint" else ""
-    CatalogModel.objects.filter(name=name).update(served_checkpoint=checkpoint)
+    CatalogModel.objects.filter(name=placement.served_name).update(served_checkpoint=checkpoint)
     served = ServedCheckpoint.from_manifest(read_manifest(checkpoint)) if checkpoint else None
-    router.client.serve_weights_from(name, path, served)
+    router.client.serve_weights_from(placement.name, path, served)
 
 
 def _record_checkpoint(manifest: dict[str, Any], placement: ModelPlacement, label: str) -> None:

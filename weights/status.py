@@ -113,7 +113,7 @@ def status_body(router: ModelRouter, placement: ModelPlacement | None) -> dict[s
 
 def model_status(router: ModelRouter, placement: ModelPlacement | None) -> dict[str, Any]:
     """The status of one served model (None: the idle body), with `model`, the served name it answers for."""
-    return {"model": placement.name if placement is not None else None, **status_body(router, placement)}
+    return {"model": placement.served_name if placement is not None else None, **status_body(router, placement)}
 
 
 def status_overview(router: ModelRouter) -> dict[str, Any]:

@@ -81,11 +81,13 @@ async def load(request):
 
 @require_POST
 async def unload(request):
+    """A row's Unload: that instance (its id), so a replica's button leaves the model's other replicas serving."""
     name = request.POST.get("name", "")
+    instance_id = int(request.POST["instance_id"]) if request.POST.get("instance_id", "").isdigit() else None
 
     async def audited_unload():
         async with ui_call(request, "model_unload", model=name) as call:
-            result = await do_unload_model(serving_router(), name=name)
+            result = await do_unload_model(serving_router(), name=name, instance_id=instance_id)
             call.details = {k: v for k, v in result.items() if k != "unloaded"}
             return result
 

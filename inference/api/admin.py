@@ -56,9 +56,11 @@ async def list_dies(request):
         key=lambda s: int(s.device.split(":", 1)[1]),
     )
     data = []
+    placements = router.placements()
     for status in statuses:
         ordinal = int(status.device.split(":", 1)[1])
-        names = [m.name for m in status.models]
+        # a replica by its served name: two replicas on one die are that name twice
+        names = [placements[m.name].served_name if m.name in placements else m.name for m in status.models]
         data.append({"die": ordinal, "card": ordinal, "model": ", ".join(names), "n_models": len(names),
                      "vram_budget": status.memory_total, "vram_used": status.memory_used})  # fmt: skip
     n_dies = max(len(data), dies_visible(router.client))

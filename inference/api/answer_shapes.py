@@ -194,9 +194,10 @@ class AdminModelSerializer(serializers.Serializer):
     """One live instance (GET /admin/models' row, POST /admin/models/load's answer); keys without a value are left
     out (the engine's details are known once the load finished)."""
 
-    id = Text()
+    id = Text(help_text="The served name, which a model's replicas share")
     object = Text()
     instance_id = Int(required=False)
+    placement = Text(help_text="This replica's key: the served name, or name#2, name#3, ... (docs/replicas.md)")
     state = Text()
     path = Text()
     device = Text()
@@ -245,6 +246,7 @@ class SessionRowSerializer(serializers.Serializer):
     last_used_at = Int()
     watched = Bool()
     busy = Bool()
+    placement = Text(help_text="The replica that holds the session (docs/replicas.md)")
 
 
 class SessionListSerializer(serializers.Serializer):

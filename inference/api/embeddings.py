@@ -35,10 +35,13 @@ async def embeddings(request):
     allow_load = load_allowed(request.headers)
     model = await router.route(body.get("model") or "", allow_load=allow_load)
     label_model(request, model)
+    placement = router.acquire(model)
     try:
-        reply = await router.client.embed(model, body["input"], priority=priority)
+        reply = await router.client.embed(placement.name, body["input"], priority=priority)
     except EngineError as exc:
         raise as_api_error(exc) from exc
+    finally:
+        router.release(placement)
     size = len(reply.vectors[0]) // 4
     if body.get("dimensions") not in (None, size):
         raise InvalidRequest(

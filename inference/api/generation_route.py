@@ -9,7 +9,8 @@ opened, an error is its terminal event (each route's body writes it). context_ov
 completion request is sent in its stream form (a 200 stream whose only event is the error, with kv_used/kv_cap), as
 the spec describes it for streaming clients. A JSON answer names the weights that produced it (X-miLLM-Model; a
 stream carries it on its terminal event). Every generation is counted in flight from routing to its last byte, so a
-graceful shutdown can refuse new ones (503 server_shutting_down) and wait for these. A generation refused at
+graceful shutdown can refuse new ones (503 server_shutting_down) and wait for these, and on the replica the router
+acquired for it, so the next request goes to the least busy one (inference/runtime/router.py). A generation refused at
 admission counts once in pantheon_refusals_total by the engine's reason (queue_full, queue_timeout, low_memory,
 prompt_too_long, model_reloading, ...), here only, and the request's metrics name the model it was routed to.
 A request sent with `X-Pantheon-Priority: batch` (the Batch API's lines) runs at batch priority (api/priority.py).
@@ -53,6 +54,10 @@ class GenerationRun(ABC):
     stream: bool
     stream_refusals = True  # context_over_budget on a streaming request is answered as a one-event stream
 
+    def session_key(self) -> str | None:
+        """The request's session key, which sends it to the replica holding that session (None: any replica)."""
+        return None
+
     @abstractmethod
     def place(self, model: str, placement: ModelPlacement) -> None: ...
 
@@ -75,14 +80,14 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
     router = get_router()
     router.begin_completion()
     streaming = False
+    placement: ModelPlacement | None = None
     try:
         model = await router.route(run.requested_model, allow_load=load_allowed(request.headers))
         label_model(request, model)
-        placement = router.placements()[model]
+        placement = router.acquire(model, run.session_key())
         run.place(model, placement)
-        submits = run.submits()
-        if priority != "interactive":
-            submits = [msgspec.structs.replace(submit, priority=priority) for submit in submits]
+        # The worker knows the replica by its key; the bodies keep the served name.
+        submits = [msgspec.structs.replace(submit, model=placement.name, priority=priority) for submit in run.submits()]
         if settings.PANTHEON_LOG_SENSITIVE:
             log_prompts(submits)
         try:
@@ -96,7 +101,7 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
             raise error from exc
         if run.stream:
             streaming = True
-            body = counted(router, run.events(generations))
+            body = counted(router, placement, run.events(generations))
             return StreamingHttpResponse(body, content_type="text/event-stream", headers=SSE_HEADERS)
         response = JsonResponse(await run.complete(generations))
         if (weights := millm_model(placement)) is not None:
@@ -104,6 +109,8 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
         return response
     finally:
         if not streaming:
+            if placement is not None:
+                router.release(placement)
             router.end_completion()
 
 
@@ -128,10 +135,11 @@ async def admit_all(client: EngineClient, submits: list[p.Submit]) -> list[Gener
     return list(results)
 
 
-async def counted(router: ModelRouter, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`chunks`, counted as a completion in flight until the stream ends (however it ends)."""
+async def counted(router: ModelRouter, placement: ModelPlacement, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks`, counted as a completion in flight (and on its replica) until the stream ends (however it ends)."""
     try:
         async for chunk in chunks:
             yield chunk
     finally:
+        router.release(placement)
         router.end_completion()

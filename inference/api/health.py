@@ -15,7 +15,7 @@ from pantheon_site.methods import only
 def _model_entry(name: str, placement) -> dict:
     """A served model's name and state, once loaded the C kernels its worker runs (`kernels`, empty where torch runs
     all of it), and while it loads how far it has read (`manage.py load_model`'s bar)."""
-    entry = {"name": name, "state": placement.state}
+    entry = {"name": placement.served_name, "state": placement.state}  # a model's replicas: its name once each
     if placement.info is not None:
         entry["kernels"] = placement.info.kernels
     if (progress := load_progress_fields(placement.load_progress)) is not None:

@@ -26,14 +26,14 @@ from pantheon_site.methods import only
 
 @only("GET")
 async def list_models(request):
-    """Served models, one entry per name, with the served concurrency and the effective context window."""
+    """Served models, one entry per served name (replicas deduplicated, spec: one logical id; the row is the first
+    replica's), with the served concurrency and the effective context window."""
     await arequire_client_token(request, operation="models_list")
     try:
         router = get_router()
     except NoModelsLoaded:
         return JsonResponse({"object": "list", "backend": backend(None), "build": build_id(), "data": []})
-    placements = router.placements()
-    data = [v1_model_row(placements[name]) for name in router.serving_names()]
+    data = [v1_model_row(router.first_serving(name)) for name in router.serving_names()]
     client = router.client
     return JsonResponse({"object": "list", "backend": backend(client), "build": build_id(), "data": data})
 
@@ -47,6 +47,9 @@ class ChatRun(GenerationRun):
         self.requested_model = chat.model
         self.stream = chat.delivery.stream
         self.ctx: CompletionContext | None = None
+
+    def session_key(self) -> str | None:
+        return self.chat.session_id
 
     def place(self, model: str, placement: ModelPlacement) -> None:
         self.ctx = CompletionContext(self.chat, model, placement.info, placement)

@@ -33,7 +33,6 @@ from inference.engine.contract.dialects.base import DEFAULT_DIALECT
 from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError, Generation
 from inference.runtime.response_store import StoredResponse, response_store
-from inference.runtime.router import get_router
 from inference.services.refusals import as_api_error
 from pantheon_site.auth import arequire_client_token
 from pantheon_site.errors import InvalidRequest, NotFound
@@ -138,8 +137,12 @@ class ResponseRun(GenerationRun):
         self.requested_model = self.chat.model
         self.stream = self.chat.delivery.stream
 
+    def session_key(self) -> str | None:
+        return self.chat.session_id
+
     def place(self, model: str, placement: ModelPlacement) -> None:
         self.model = model
+        self.placement = placement
         self.dialect = placement.info.tool_dialect if placement.info else DEFAULT_DIALECT
 
     def submits(self) -> list[p.Submit]:
@@ -309,7 +312,7 @@ async def stream(run: ResponseRun, model: str, generation: Generation, parts: An
     status = "incomplete" if reason == "length" else "completed"
     response = run.response(model, status, output, _usage(generation.finished), reason)
     run.keep(model, response, text, parts.calls)
-    which = millm_model(get_router().placements().get(model))
+    which = millm_model(run.placement)
     yield event(f"response.{status}", response=response, **({"millm_model": which} if which else {}))
 
 

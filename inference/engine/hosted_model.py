@@ -117,8 +117,10 @@ class HostedModel:
         device: str = "cpu",
         min_free_memory: int = 0,
         window_configured: int = 0,
+        served_name: str = "",
     ):
-        self.name = name
+        self.name = name  # the placement's key
+        self.served_name = served_name or name  # the name clients use (a replica's key differs from it)
         self.device = device
         self.min_free_memory = min_free_memory  # bytes; below this free, new requests are refused (low_memory)
         self.threads: StepThreads | None = None  # what the worker steps it with, once it has chosen
@@ -133,7 +135,7 @@ class HostedModel:
         probe = _probe_render(self.template)
         self.tool_dialect = choose_dialect(
             self.tool_template.source,
-            name=name,
+            name=self.served_name,
             architecture=model.config.architecture,
             template_writes_bos=bool(tok.bos_token) and probe.startswith(tok.bos_token),
         )
@@ -200,6 +202,7 @@ class HostedModel:
             device=device,
             min_free_memory=limits.min_free_memory,
             window_configured=plan.configured,
+            served_name=req.served_name,
         )
         hosted.reasoning_budget = options.reasoning_budget
         hosted.pooling = options.pooling

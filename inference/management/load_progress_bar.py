@@ -50,7 +50,9 @@ class LoadProgressBar:
                 models = json.loads(response.read()).get("models", [])
         except (urllib.error.URLError, OSError, ValueError):
             return None
-        return next((m.get("load_progress") for m in models if m.get("name") == self.name), None)
+        # a name already served has a ready replica beside the one loading: the one with progress is this load's
+        loading = (m.get("load_progress") for m in models if m.get("name") == self.name and m.get("load_progress"))
+        return next(loading, None)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_INTERVAL_S):

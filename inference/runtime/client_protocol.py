@@ -85,6 +85,7 @@ class EngineClient(Protocol):
         device: str | None = None,
         timeout: float | None = None,
         checkpoint: ServedCheckpoint | None = None,
+        served_name: str = "",
     ) -> p.Loaded: ...
 
     def serve_weights_from(self, name: str, path: str, checkpoint: ServedCheckpoint | None) -> None: ...

@@ -124,7 +124,7 @@ class ZmqEngineClient(WorkerCalls):
     # -- models ---------------------------------------------------------------------------------------------------
 
     def models(self) -> dict[str, ModelPlacement]:
-        """Every model the engine holds or is loading, by served name."""
+        """Every model the engine holds or is loading, by placement key (a replica's own name on its worker)."""
         return dict(self._models)
 
     async def load(
@@ -137,10 +137,12 @@ class ZmqEngineClient(WorkerCalls):
         device: str | None = None,
         timeout: float | None = None,
         checkpoint: ServedCheckpoint | None = None,
+        served_name: str = "",
     ) -> p.Loaded:
         """Loads a checkpoint on `device` (default: a GPU worker with the fewest models, else cpu) with the
         operator's `options`, served within `limits`; `checkpoint` when `path` is a trainer's saved checkpoint the
-        weights answer as. Raises EngineError (a load reason) or WorkerDied."""
+        weights answer as. `name` is the placement's key (its worker's name for it), `served_name` the name clients
+        use (default: `name`; a replica's key differs from it). Raises EngineError (a load reason) or WorkerDied."""
         if name in self._models:
             state = self._models[name].state
             message = f"model {name!r} is already {'loaded' if state == 'ready' else state}"
@@ -148,10 +150,9 @@ class ZmqEngineClient(WorkerCalls):
         device = device or self._default_device()
         if device not in self._workers:
             raise EngineError(f"no worker runs on device {device!r}", Reason.NO_WORKER)
-        load = p.Load(
-            request_id=new_id(), name=name, path=str(path), options=options, limits=limits, checkpoint=checkpoint
-        )
-        placement = ModelPlacement(name, device, "loading", load)
+        load = p.Load(request_id=new_id(), name=name, path=str(path), options=options, limits=limits,
+                      checkpoint=checkpoint, served_name=served_name)  # fmt: skip
+        placement = ModelPlacement(name, device, "loading", load, served_name=served_name)
         self._models[name] = placement
         return await self._load(placement, timeout)
 

@@ -5,6 +5,9 @@ all come here.
 A load is checked before anything changes (path, device, name, memory admission), then run on the worker, and only
 a load that succeeded is written: one transaction updates the catalogue row (when the load is an operator's) and
 creates the instance row. A refused or failed load therefore leaves the catalogue and the instances as they were.
+Loading a name that is already served adds a replica of it (spec: duplicate names are allowed), and `dies` with
+several ordinals loads one replica on each; each replica is a placement of its own, keyed `name`, `name#2`, ...,
+with an instance row of its own (docs/replicas.md).
 An unload drains the model's generations first, for up to PANTHEON_UNLOAD_DRAIN_TIMEOUT_S; generations still
 running then are ended with an error, and the unload completes. The worker's part of each load and unload that
 succeeded is timed into pantheon_model_load_seconds / pantheon_model_unload_seconds (a reload after a worker crash is
@@ -14,6 +17,8 @@ the supervisor's, not timed there).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +36,7 @@ from inference.engine.contract.metrics import MODEL_LOAD, MODEL_UNLOAD
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.contract.weights import ServedCheckpoint, WeightsTimers
 from inference.models import CatalogModel, InstanceState, ModelInstance, Worker
+from inference.runtime.client_protocol import ModelPlacement
 from inference.runtime.generation import EngineError
 from inference.runtime.host_probe import dies_visible
 from inference.runtime.router import ModelRouter
@@ -84,18 +90,58 @@ class LoadRequest:
 
 
 async def do_load_model(router: ModelRouter, request: LoadRequest, *, operator: bool = True) -> dict[str, Any]:
-    """Loads `request` and returns its /admin/models row. `operator`: the load is an operator's, so its path and
-    options become the catalogue's defaults for that name and `serve` loads it again at start; a load from the
-    catalogue (on demand, at start) leaves the row as it is. Raises LoadFailed (400, 404, 409, 507, 500)."""
+    """Loads `request` and returns its /admin/models row: one replica per die named, else one replica on its
+    device; a name already served gets another replica (of the same checkpoint: 409 replica_differs otherwise).
+    With several dies the row is the first replica's, and `replicas` holds every new replica's row; when one of them
+    fails, those this call loaded are unloaded again. `operator`: the load is an operator's, so its path and options
+    become the catalogue's defaults for that name and `serve` loads it again at start; a load from the catalogue (on
+    demand, at start) leaves the row as it is. Raises LoadFailed (400, 404, 409, 507, 500)."""
     check_weights_allow_load(router)
     info = await asyncio.to_thread(checkpoint_at, request.path)
     name = request.name or info.default_name
-    placement = router.placements().get(name)
-    if placement is not None:
-        state = "loaded" if placement.state == "ready" else placement.state
-        raise LoadFailed(f"model {name!r} is already {state}", status=409, reason="already_loaded")
+    for placement in router.replicas(name):
+        if placement.load.path != str(info.path):
+            raise LoadFailed(
+                f"model {name!r} is served from {placement.load.path}; a replica must load the same checkpoint, not "
+                f"{info.path}",
+                status=409,
+                reason="replica_differs",
+            )
+    devices = _resolve_devices(router, request)
     options = await sync_to_async(catalogued_options)(name, request.options)
-    return await router.run_load(name, lambda: _load(router, request, info, name, options, operator))
+    return await router.run_load(name, lambda: _load_replicas(router, request, info, name, devices, options, operator))
+
+
+async def _load_replicas(
+    router: ModelRouter,
+    request: LoadRequest,
+    info: Checkpoint,
+    name: str,
+    devices: list[str],
+    options: LoadOptions,
+    operator: bool,
+) -> dict[str, Any]:
+    """One replica per device, one after another (each admitted against its device's memory as it is then)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        for device in devices:
+            rows.append(await _load(router, request, info, name, device, options, operator))
+    except BaseException:
+        for row in rows:  # all or none: the replicas this call loaded go again
+            with contextlib.suppress(Exception):
+                await router.client.unload(row["placement"], drain_timeout=0)
+                await sync_to_async(_record_unload)(name, row["instance_id"], True)
+        raise
+    return rows[0] if len(rows) == 1 else {**rows[0], "replicas": rows}
+
+
+def replica_key(router: ModelRouter, name: str) -> str:
+    """The key of a new replica of `name`: the name itself for the first, else `name#2`, `name#3`, ... (the first
+    free one). Never shown to clients as a model id."""
+    taken = router.placements()
+    if name not in taken:
+        return name
+    return next(key for n in itertools.count(2) if (key := f"{name}#{n}") not in taken)
 
 
 async def load_catalogued(router: ModelRouter, name: str, trigger: str) -> dict[str, Any]:
@@ -112,24 +158,31 @@ async def load_catalogued(router: ModelRouter, name: str, trigger: str) -> dict[
 
 
 async def _load(
-    router: ModelRouter, request: LoadRequest, info: Checkpoint, name: str, options: LoadOptions, operator: bool
+    router: ModelRouter,
+    request: LoadRequest,
+    info: Checkpoint,
+    name: str,
+    device: str,
+    options: LoadOptions,
+    operator: bool,
 ) -> dict[str, Any]:
-    """The load itself, as the one load of `name` in progress: place, admit, load on the worker, record."""
+    """One replica's load, as part of the one load of `name` in progress: admit, load on the worker, record."""
     client = router.client
-    device = _resolve_device(router, request)
+    key = replica_key(router, name)
     await _admit(router, device, info)
     trainer_tokens = AccessToken.objects.filter(role=Role.TRAINER, revoked_at__isnull=True)
     limits = serving_limits(options, attachable=await trainer_tokens.aexists())
     started = time.monotonic()
     try:
         loaded = await client.load(
-            name,
+            key,
             info.path,
             options=options,
             limits=limits,
             device=device,
             timeout=settings.PANTHEON_LOAD_TIMEOUT_S,
             checkpoint=request.checkpoint,
+            served_name=name,
         )
     except EngineError as exc:
         raise as_api_error(exc, failed=LoadFailed) from exc
@@ -146,12 +199,12 @@ async def _load(
         # is answered); anything else is a bug, logged with its traceback.
         unavailable = database_unavailable(exc)
         if unavailable is None:
-            logger.exception("recording the load of %s failed; unloading it again", name)
-        await client.unload(name, drain_timeout=0)
+            logger.exception("recording the load of %s failed; unloading it again", key)
+        await client.unload(key, drain_timeout=0)
         if unavailable is not None:
             raise unavailable from exc
         raise LoadFailed(f"the load of {name!r} could not be recorded: {exc}", reason="record_failed") from exc
-    placement = router.record_instance(name, instance_id)
+    placement = router.record_instance(key, instance_id)
     router.catalog_names = router.catalog_names | {name}
     if placement is None:  # its worker crashed and the reload failed while the row was written
         message = "the reload after a worker crash failed"
@@ -212,27 +265,33 @@ def serving_limits(options: LoadOptions, *, attachable: bool = False) -> Serving
     )
 
 
-def _resolve_device(router: ModelRouter, request: LoadRequest) -> str:
-    """`dies` (CUDA ordinals, spec) or `device`; refuses dies on a host without any (400 load_failed)."""
-    workers = router.client.workers()
-    device = request.device
-    if request.dies:
-        visible = dies_visible(router.client)
-        if visible == 0:
+def _resolve_devices(router: ModelRouter, request: LoadRequest) -> list[str]:
+    """Where each replica goes: one per die of `dies` (CUDA ordinals, spec), else `device`, else a GPU worker with the
+    fewest models, else cpu. Refuses dies on a host without any, a die named twice, a die not visible, a device
+    without a worker (400 load_failed)."""
+    if not request.dies:
+        return [_resolve_device(router, request.device)]
+    visible = dies_visible(router.client)
+    if visible == 0:
+        raise LoadFailed(
+            "dies were named but this server sees no CUDA device; omit dies to load on the CPU",
+            status=400,
+            reason="no_dies",
+        )
+    if len(set(request.dies)) < len(request.dies):
+        raise LoadFailed("a die is named twice; name each die once", status=400, reason="die_repeated")
+    for die in request.dies:
+        if die >= visible:
             raise LoadFailed(
-                "dies were named but this server sees no CUDA device; omit dies to load on the CPU",
-                status=400,
-                reason="no_dies",
-            )
-        if len(request.dies) > 1:
-            raise LoadFailed("a model is placed on one die; name a single die", status=400, reason="multi_die")
-        if request.dies[0] >= visible:
-            raise LoadFailed(
-                f"die {request.dies[0]} is not visible (this server sees dies 0..{visible - 1})",
+                f"die {die} is not visible (this server sees dies 0..{visible - 1})",
                 status=400,
                 reason="die_not_visible",
             )
-        device = f"cuda:{request.dies[0]}"
+    return [_resolve_device(router, f"cuda:{die}") for die in request.dies]
+
+
+def _resolve_device(router: ModelRouter, device: str) -> str:
+    workers = router.client.workers()
     if not device:
         counts = {d: 0 for d in workers if d.startswith("cuda")}
         for placement in router.placements().values():
@@ -294,19 +353,23 @@ def _record_load(
 
 
 async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: int | None = None) -> dict[str, Any]:
-    """Unloads a model by served name or instance id, draining its generations first. Raises UnloadFailed
-    (404 not loaded, 409 already unloading or still loading, 500)."""
+    """Unloads a model by served name (every replica of it) or one replica by instance id, draining their
+    generations first. Raises UnloadFailed (404 not loaded, 409 already unloading or still loading, 500); replicas
+    unloaded before one refused stay unloaded."""
     if instance_id is not None:
         placement = router.by_instance_id(instance_id)
-        if placement is None or (name and placement.name != name):
+        if placement is None or (name and placement.served_name != name):
             raise UnloadFailed(f"no loaded instance has id {instance_id}", status=404, reason="unknown_instance")
-        name = placement.name
+        name, placements = placement.served_name, [placement]
     else:
-        placement = router.placements().get(name)
-        if placement is None:
+        placements = router.replicas(name)
+        if not placements:
             raise UnloadFailed(f"model {name!r} is not loaded", status=404, reason="not_loaded")
-    if placement.state in ("loading", "unloading") or router.is_loading(name):
-        raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
+        if router.is_loading(name):  # a replica on its way would outlive the unload of the others
+            raise UnloadFailed(f"model {name!r} is loading", status=409, reason="loading")
+    for placement in placements:
+        if placement.state in ("loading", "unloading"):
+            raise UnloadFailed(f"model {name!r} is {placement.state}", status=409, reason=placement.state)
     if (
         held := next((pl.weights for pl in router.placements().values() if pl.weights and pl.weights.attachment), None)
     ) is not None:
@@ -316,20 +379,30 @@ async def do_unload_model(router: ModelRouter, *, name: str = "", instance_id: i
             status=409,
             reason="already_attached",
         )
+    replies = [await _unload_one(router, placement) for placement in placements]
+    result: dict[str, Any] = {"unloaded": name}
+    ids = [placement.instance_id for placement in placements if placement.instance_id is not None]
+    if len(ids) == 1:
+        result["instance_id"] = ids[0]
+    elif ids:
+        result["instance_ids"] = ids
+    result["aborted"] = sum(reply.aborted for reply in replies)
+    return result
+
+
+async def _unload_one(router: ModelRouter, placement: ModelPlacement) -> p.Unloaded:
+    """One replica's unload: its row says unloading, the worker drains and frees it, the row goes."""
     await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.UNLOADING)
     started = time.monotonic()
     try:
-        reply = await router.client.unload(name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
+        reply = await router.client.unload(placement.name, drain_timeout=settings.PANTHEON_UNLOAD_DRAIN_TIMEOUT_S)
     except EngineError as exc:
         await sync_to_async(_set_instance_state)(placement.instance_id, InstanceState.READY)
         raise as_api_error(exc, failed=UnloadFailed) from exc
-    MODEL_UNLOAD.labels(name).observe(time.monotonic() - started)
-    await sync_to_async(_record_unload)(name, placement.instance_id)
-    result: dict[str, Any] = {"unloaded": name}
-    if placement.instance_id is not None:
-        result["instance_id"] = placement.instance_id
-    result["aborted"] = reply.aborted
-    return result
+    MODEL_UNLOAD.labels(placement.served_name).observe(time.monotonic() - started)
+    still_served = any(pl is not placement for pl in router.replicas(placement.served_name))
+    await sync_to_async(_record_unload)(placement.served_name, placement.instance_id, still_served)
+    return reply
 
 
 def _set_instance_state(instance_id: int | None, state: str, *, last_error: str = "") -> None:
@@ -340,9 +413,11 @@ def _set_instance_state(instance_id: int | None, state: str, *, last_error: str 
         ModelInstance.objects.filter(pk=instance_id).update(**fields)
 
 
-def _record_unload(name: str, instance_id: int | None) -> None:
-    """The instance is gone, and the catalogue no longer asks `serve` to load the model at start."""
+def _record_unload(name: str, instance_id: int | None, still_served: bool = False) -> None:
+    """The instance is gone, and once no replica of the model is left the catalogue no longer asks `serve` to load
+    it at start."""
     with transaction.atomic():
         if instance_id is not None:
             ModelInstance.objects.filter(pk=instance_id).delete()
-        CatalogModel.objects.filter(name=name).update(autoload=False)
+        if not still_served:
+            CatalogModel.objects.filter(name=name).update(autoload=False)

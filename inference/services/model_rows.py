@@ -8,6 +8,9 @@ step runs (compiled or CUDA graphs per batch-size bucket, or eager, and why when
 live answer, else the load's); its fields are Pantheon's own, not the spec's graph-slot counts (docs/api/).
 `attention` is omitted: the engine has a single attention path. `served_weights` says which weights answer, as
 X-miLLM-Model does: a trainer checkpoint's qualified name once one is saved or loaded, also after a restart.
+
+Replicas (docs/replicas.md): /v1/models shows a served name once; /admin/models shows one row per placement, each
+with the served name as `id`, its own `instance_id`, and `placement`, its key (the worker's name for it).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from django.conf import settings
 
 from inference.engine.contract import messages as p
 from inference.runtime.client_protocol import ModelPlacement
-from inference.runtime.router import ModelRouter
+from inference.runtime.router import ModelRouter, key_order
 
 OWNED_BY = "pantheon"
 
@@ -56,7 +59,7 @@ def v1_model_row(placement: ModelPlacement) -> dict[str, Any]:
     info = placement.info
     max_concurrent = info.max_concurrent if info else None
     row: dict[str, Any] = {
-        "id": placement.name,
+        "id": placement.served_name,
         "object": "model",
         "created": int(placement.loaded_at or 0),
         "owned_by": OWNED_BY,
@@ -104,9 +107,10 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
     max_concurrent = live.max_concurrent if live else info.max_concurrent if info else None
     context_window = live.context_window if live else info.context_window if info else None
     row: dict[str, Any] = {
-        "id": placement.name,
+        "id": placement.served_name,
         "object": "model",
         "instance_id": placement.instance_id,
+        "placement": placement.name,
         "state": placement.state,
         "path": info.path if info else placement.load.path,
         "format": info.format if info else None,
@@ -149,7 +153,5 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
 async def instance_rows(router: ModelRouter) -> list[dict[str, Any]]:
     """Every live instance as GET /admin/models lists it (and the UI shows it), with the scheduler's occupancy."""
     live = {(s.device, m.name): m for s in await router.client.status() for m in s.models}
-    return [
-        admin_model_row(placement, live.get((placement.device, name)))
-        for name, placement in sorted(router.placements().items())
-    ]
+    placements = sorted(router.placements().values(), key=lambda pl: (pl.served_name, key_order(pl)))
+    return [admin_model_row(placement, live.get((placement.device, placement.name))) for placement in placements]

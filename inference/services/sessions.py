@@ -1,10 +1,14 @@
 """Sessions in the running server: which model a session route means, and the actions on a model's sessions
 (export, restore, release, list, watch) and the restore-or-replay estimate.
 
-A session lives in the worker that serves its model (the KV it pins between turns); the control plane keeps no
-session state of its own, so every action here is one call to that worker (inference/runtime/engine_client.py),
-and the worker's refusals become the spec's errors through inference/services/refusals.py. `do_release_session` is the
-one write path behind POST /session/release and `manage.py release_session`, and writes their audit event.
+A session lives in the worker that serves its model (the KV it pins between turns); the control plane keeps only
+which replica holds it (the router's session map, inference/runtime/router.py), so every action here is a call to
+that replica's worker (inference/runtime/engine_client.py), and the worker's refusals become the spec's errors
+through inference/services/refusals.py. With several replicas (docs/replicas.md): export goes to the replica that
+holds the session (asking each in turn when the router does not know it), restore and watch to that one or else the
+least busy (which then holds it), release to that one or else every replica, and the list covers every replica.
+`do_release_session` is the one write path behind POST /session/release and `manage.py release_session`, and writes
+their audit event.
 """
 
 from __future__ import annotations
@@ -40,10 +44,10 @@ RESTORE_COPY_BYTES_PER_S = 3e9
 
 
 def session_model(router: ModelRouter, name: str) -> str:
-    """The served model a session route means: `name` when it is served; without a name, the one model served.
+    """The served name a session route means: `name` when it is served; without a name, the one model served.
     Anything else is 404 model_not_found (a catalogued model is not loaded for a session route: it has no
     sessions)."""
-    serving = [n for n, pl in router.placements().items() if pl.state in SERVING_STATES]
+    serving = router.serving_names()
     if name:
         if name in serving:
             return name
@@ -60,10 +64,16 @@ async def export_session(router: ModelRouter, name: str, session_id: str, *, raw
     (inference/services/session_file.py), already encoded: the blob of a long conversation is tens of MB or more, so it
     is encoded on a thread; returns (model, body)."""
     model = session_model(router, name)
-    try:
-        reply = await router.client.export_session(model, session_id)
-    except EngineError as exc:
-        raise as_api_error(exc) from exc
+    known = router.session_placement(model, session_id)
+    keys = [known] if known is not None else [pl.name for pl in router.replicas(model) if pl.state in SERVING_STATES]
+    for key in keys:
+        try:
+            reply = await router.client.export_session(key, session_id)
+            break
+        except EngineError as exc:
+            if exc.reason != Reason.SESSION_NOT_FOUND or key == keys[-1]:
+                raise as_api_error(exc) from exc
+    router.remember_session(model, session_id, key)
     if raw:
         return model, await asyncio.to_thread(session_file, reply.tokens, reply.blob)
     return model, await asyncio.to_thread(export_body, reply)
@@ -73,7 +83,8 @@ async def restore_session(router: ModelRouter, name: str, session_id: str, blob:
     """Installs an exported conversation under `session_id`; a refused restore changes nothing. A session longer
     than the model's context window is refused here, without sending its blob to the worker."""
     model = session_model(router, name)
-    info = router.placements()[model].info
+    placement = router.choose(model, session_id)
+    info = placement.info
     if info is not None and len(tokens) > info.context_window:
         raise BadSessionBlob(
             f"the session's {len(tokens)} tokens do not fit the context window of {model!r}, {info.context_window} "
@@ -81,7 +92,7 @@ async def restore_session(router: ModelRouter, name: str, session_id: str, blob:
             reason="session_over_window",
         )
     try:
-        reply = await router.client.restore_session(model, session_id, blob, tokens)
+        reply = await router.client.restore_session(placement.name, session_id, blob, tokens)
     except EngineError as exc:
         raise as_api_error(exc) from exc
     return {"restored": True, "session_id": reply.session_id, "n_tok": reply.n_tok}
@@ -95,21 +106,30 @@ async def do_release_session(router: ModelRouter, *, name: str, session_id: str,
     async with AuditedCall("session_release", model=name, **actor) as call:
         model = session_model(router, name)
         call.model = model
+        known = router.session_placement(model, session_id)
+        keys = [known] if known else [pl.name for pl in router.replicas(model) if pl.state in SERVING_STATES]
         try:
-            held = (await router.client.release_session(model, session_id)).released
+            held = any([(await router.client.release_session(key, session_id)).released for key in keys])
         except EngineError as exc:
             raise as_api_error(exc) from exc
+        router.forget_session(model, session_id)
         call.details = {"session_id": session_id, "held": held}
     return {"released": True, "session_id": session_id}
 
 
 async def list_sessions(router: ModelRouter, name: str) -> dict:
-    """GET /admin/sessions: the model's sessions as its worker holds them now."""
+    """GET /admin/sessions: the model's sessions as its workers hold them now, over every replica (`placement` says
+    which holds each)."""
     model = session_model(router, name)
-    try:
-        reply = await router.client.sessions(model)
-    except EngineError as exc:
-        raise as_api_error(exc) from exc
+    held = []
+    for placement in router.replicas(model):
+        if placement.state not in SERVING_STATES:
+            continue
+        try:
+            reply = await router.client.sessions(placement.name)
+        except EngineError as exc:
+            raise as_api_error(exc) from exc
+        held += [(placement.name, s) for s in reply.sessions]
     now = time.time()
     data = [
         {
@@ -120,8 +140,9 @@ async def list_sessions(router: ModelRouter, name: str) -> dict:
             "last_used_at": int(now - s.idle_seconds),
             "watched": s.watched,
             "busy": s.busy,
+            "placement": key,
         }
-        for s in sorted(reply.sessions, key=lambda s: s.idle_seconds)
+        for key, s in sorted(held, key=lambda held: held[1].idle_seconds)
     ]
     return {"object": "list", "model": model, "data": data}
 
@@ -151,11 +172,12 @@ async def estimate(
 
 
 async def _prefill_rate(client: EngineClient, model: str) -> float:
-    """The model's measured prefill rate from its worker's status (0.0 when none is measured or known)."""
-    placement = client.models().get(model)
+    """The model's measured prefill rate from its first replica's worker status (0.0 when none is measured or
+    known)."""
+    placement = next((pl for pl in client.models().values() if pl.served_name == model), None)
     for status in await client.status() if placement else []:
         if status.device == placement.device:
-            return next((m.prefill_tok_per_s for m in status.models if m.name == model), 0.0)
+            return next((m.prefill_tok_per_s for m in status.models if m.name == placement.name), 0.0)
     return 0.0
 
 
@@ -210,9 +232,10 @@ async def open_watch(router: ModelRouter, name: str, session_id: str) -> WatchHo
     model = session_model(router, name)
     if len(_held) >= settings.PANTHEON_SESSION_MAX_WATCHES:
         raise WatchUnavailable(f"the server holds {len(_held)} session watches, its limit; retry when one closes")
-    hold = WatchHold(router.client, model, session_id)
+    key = router.choose(model, session_id).name  # the replica its turns go to, also for a session not begun yet
+    hold = WatchHold(router.client, key, session_id)
     try:
-        await router.client.watch_session(model, session_id, True)
+        await router.client.watch_session(key, session_id, True)
     except EngineError as exc:
         if exc.reason == Reason.INTERNAL:  # no answer in time: the open was sent, so match it with a close
             hold.close()

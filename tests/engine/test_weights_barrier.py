@@ -55,6 +55,7 @@ class FakeModel:
     """A model with a queue: `running` sequences finish when the test says so; pausing stops admission."""
 
     name = "m"
+    served_name = "m"
 
     def __init__(self):
         self.paused = False

@@ -124,11 +124,12 @@ def test_load_of_a_path_the_system_cannot_look_at_is_400(api, stories, tmp_path,
     assert state(api) == before
 
 
-def test_load_of_a_loaded_name_is_409(api, stories, stories_gguf_path):
+def test_load_of_another_checkpoint_under_a_served_name_is_409(api, stories, stories_gguf_path):
+    """The same checkpoint would add a replica (tests/inference/test_replicas.py); another one is refused."""
     before = state(api)
     response = api.post("/admin/models/load", json={"path": str(stories_gguf_path), "name": "stories"})
     error = assert_refused(response, 409, "load_failed", "model_load")
-    assert "already loaded" in error["message"]
+    assert "a replica must load the same checkpoint" in error["message"]
     assert state(api) == before
 
 

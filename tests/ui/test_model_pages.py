@@ -63,3 +63,13 @@ def test_the_prefix_cache_is_drawn_with_its_size_and_hit_rate():
     row["live"] = {"sessions": 0, "prefix_cache": {"lookup_tokens": 400, "hit_tokens": 300, "hit_rate": 0.75}}
     html = render_to_string("admin_ui/models_live.html", {"instances": [row]})
     assert "4.0\xa0GB," in html and ">75%<" in html and "300 of 400 prompt tokens" in html
+
+
+def test_replicas_are_drawn_one_row_each_with_an_unload_of_their_own():
+    """Two replicas of one model (docs/replicas.md): one row each, the second marked with its placement, and each
+    row's Unload names its instance, so it leaves the other serving."""
+    rows = [{"id": "s", "placement": key, "instance_id": pk, "state": "ready", "path": "/m/s.gguf", "device": "cpu",
+             "max_sessions": 0} for key, pk in (("s", 7), ("s#2", 8))]  # fmt: skip
+    html = render_to_string("admin_ui/models_live.html", {"instances": rows, "unload_button": True})
+    assert html.count('data-model="s"') == 2 and html.count(">s#2</span>") == 1
+    assert 'name="instance_id" value="7"' in html and 'name="instance_id" value="8"' in html

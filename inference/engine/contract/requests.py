@@ -58,7 +58,9 @@ class Abort(Message, tag="A"):
 class Load(Message, tag="L"):
     """Load a checkpoint under a served name with the operator's options, served within `limits`. Answered by
     LOADED or ERROR (a load reason: checkpoint_not_found, bad_checkpoint, out_of_memory, already_loaded, ...).
-    `checkpoint`: `path` is a trainer's saved checkpoint that the weights answer as (its qualified name)."""
+    `checkpoint`: `path` is a trainer's saved checkpoint that the weights answer as (its qualified name). `name` is
+    the placement's key, every later message's name for the model; `served_name` the name clients use, which a
+    model's replicas share ("" : `name`), what its weights answer under and its tool dialect is chosen by."""
 
     request_id: str
     name: str
@@ -66,6 +68,7 @@ class Load(Message, tag="L"):
     options: LoadOptions = LoadOptions()
     limits: ServingLimits = ServingLimits()
     checkpoint: ServedCheckpoint | None = None
+    served_name: str = ""
 
 
 class Unload(Message, tag="U"):

@@ -91,8 +91,8 @@ class WeightsBarrier(SaveAndLoad):
         self.last_hold_timeout_at: float | None = None
         self.last_overrun: dict[str, Any] | None = None
         self.exports_since_start = 0
-        self.served_name = host.name
-        self.base_name = host.name
+        self.served_name = host.served_name
+        self.base_name = host.served_name
         self.origin = "model"
         self.commits: int | None = 0
         self.manifest_hash: str | None = None

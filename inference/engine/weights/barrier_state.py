@@ -16,6 +16,7 @@ class BarrierHost(Protocol):
     """What the barrier needs of the model it guards (ServedWeights provides it over a HostedModel)."""
 
     name: str
+    served_name: str  # what the weights answer under until a save or a load names them
 
     def pause(self) -> None: ...
     def resume(self) -> None: ...

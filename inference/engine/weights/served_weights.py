@@ -61,6 +61,7 @@ class ServedWeights:
     def __init__(self, hosted: HostedModel, *, attachable_load: bool):
         self.hosted = hosted
         self.name = hosted.name
+        self.served_name = hosted.served_name
         self.attachable_load = attachable_load
 
     @property

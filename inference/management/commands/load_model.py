@@ -10,6 +10,7 @@ The option flags (--ctx-cap, ..., --dtype) are LoadOptions' fields, read from th
 the body they make is validated by the load route's own validator (inference/services/load_body.py).
 """
 
+import argparse
 import sys
 
 import msgspec
@@ -50,6 +51,9 @@ class Command(PantheonCommand):
         parser.add_argument("--name", help="the served name (default: the file or directory name)")
         parser.add_argument("--device", help="cpu or cuda:N (default: a GPU if there is one, else cpu)")
         parser.add_argument(
+            "--dies", type=_ordinals, help="CUDA die ordinals, comma-separated (2,3): one replica of the model on each"
+        )
+        parser.add_argument(
             "--replace",
             action="store_true",
             help="with no server running: repoint a catalogue entry of that name at another path",
@@ -59,8 +63,10 @@ class Command(PantheonCommand):
     def audit_model(self, options: dict) -> str:
         return options.get("name") or options["path"]
 
-    def perform(self, *, path: str, name: str | None, device: str | None, replace: bool, **options) -> CommandResult:
-        given = {"name": name, "device": device, **{k: options[k] for k in LoadOptions.__struct_fields__}}
+    def perform(
+        self, *, path: str, name: str | None, device: str | None, dies: list[int] | None, replace: bool, **options
+    ) -> CommandResult:
+        given = {"name": name, "device": device, "dies": dies, **{k: options[k] for k in LoadOptions.__struct_fields__}}
         body = validate_load_body({"path": path, **{k: v for k, v in given.items() if v is not None}})
         server = running_server()
         if server is not None:
@@ -86,6 +92,14 @@ class Command(PantheonCommand):
             "`manage.py serve` loads it at start."
         ]
         return CommandResult(lines=lines, model=name, details={"path": checkpoint.path, "catalogue_only": True})
+
+
+def _ordinals(text: str) -> list[int]:
+    """`--dies 2,3` as [2, 3]."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of die ordinals") from None
 
 
 def _default_name(path: str) -> str:
