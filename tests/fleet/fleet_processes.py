@@ -30,10 +30,10 @@ FLEET_TIMINGS = {"PANTHEON_REGISTRY_HEARTBEAT_S": "0.3", "PANTHEON_REGISTRY_TIME
 
 
 class RouterProcess:
-    """One `manage.py router` subprocess on a free port."""
+    """One `manage.py router` subprocess on `port` (else a free one)."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str]):
-        self.port = free_port()
+    def __init__(self, data_dir: Path, env: dict[str, str], port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
         self.log_path = data_dir / "router.log"
@@ -113,18 +113,20 @@ class Fleet:
         self.instances: list[PantheonServer] = []
         clear_registry(redis_url)
 
-    def start_router(self, **env: str) -> RouterProcess:
+    def start_router(self, port: int | None = None, **env: str) -> RouterProcess:
         data_dir = self.tmp_path_factory.mktemp("fleet-router")
-        router = RouterProcess(data_dir, router_env(data_dir, self.redis_url, **env))
+        router = RouterProcess(data_dir, router_env(data_dir, self.redis_url, **env), port)
         self.routers.append(router)
         return router.start()
 
-    def start_instances(self, count: int, registry: RouterProcess, *, model: str = MODEL, **env: str):
-        """Starts `count` instances at once, registering with `registry`, each serving the GGUF as `model`."""
+    def start_instances(self, count: int, registry: RouterProcess | str, *, model: str = MODEL, **env: str):
+        """Starts `count` instances at once, registering with `registry` (a router, or its URL), each serving the
+        GGUF as `model`."""
+        url = registry if isinstance(registry, str) else registry.url
         servers = []
         for _ in range(count):
             data_dir = self.tmp_path_factory.mktemp("fleet-instance")
-            servers.append(PantheonServer(data_dir, instance_env(data_dir, registry.url, **env)))
+            servers.append(PantheonServer(data_dir, instance_env(data_dir, url, **env)))
         self.instances += servers
         with concurrent.futures.ThreadPoolExecutor(count) as pool:
             list(pool.map(lambda server: load_model(server.start(), self.gguf, model), servers))
