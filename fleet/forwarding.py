@@ -33,7 +33,14 @@ from django.http import HttpResponse, StreamingHttpResponse
 
 from fleet.contract import Choice, RouteRequest
 from fleet.router import FleetRouter
-from pantheon_site.errors import InstanceFailed, InvalidRequest, ModelNotFound, NoLiveInstance, openai_error_body
+from pantheon_site.errors import (
+    InstanceFailed,
+    InvalidRequest,
+    ModelNotFound,
+    NoLiveInstance,
+    ServiceUnavailable,
+    openai_error_body,
+)
 from pantheon_site.fleet_credential import FLEET_TOKEN_HEADER
 from pantheon_site.request_ids import REQUEST_ID_HEADER
 
@@ -175,7 +182,11 @@ async def _watched(router: FleetRouter, instance_id: str, awaitable: Awaitable):
             done, _ = await asyncio.wait({task}, timeout=_heartbeat_s())
             if done:
                 return task.result()
-            if not await router.is_live(instance_id):
+            try:
+                alive = await router.is_live(instance_id)
+            except ServiceUnavailable:  # the registry cannot say: the connection still tells of a death
+                alive = True
+            if not alive:
                 raise InstanceLost(instance_id)
     finally:
         if not task.done():

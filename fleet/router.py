@@ -7,13 +7,16 @@ the client are this process's own.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import httpx
+from redis.exceptions import RedisError
 
 from fleet.contract import InstanceRecord
 from fleet.registry import Registry, registry_from_settings
 from fleet.routing import RoutingPolicy
+from pantheon_site.errors import ServiceUnavailable
 
 logger = logging.getLogger("pantheon.fleet")
 
@@ -38,7 +41,8 @@ class FleetRouter:
 
     async def live(self) -> list[InstanceRecord]:
         """Every live instance; the policy is told of each one that was live at the last read and is not now."""
-        records = await self.registry.live()
+        with registry_errors():
+            records = await self.registry.live()
         now = {record.report.instance_id for record in records}
         for instance_id in self.known - now:
             logger.warning("instance %s is gone (no heartbeat within the timeout)", instance_id)
@@ -55,13 +59,24 @@ class FleetRouter:
     async def unreachable(self, instance_id: str) -> None:
         """A forward could not connect to the instance: every router stops choosing it until it heartbeats again."""
         logger.warning("instance %s could not be reached; dropped until it registers again", instance_id)
-        await self.registry.drop(instance_id)
+        with registry_errors():
+            await self.registry.drop(instance_id)
         self.known.discard(instance_id)
         await self.policy.instance_gone(instance_id)
 
     async def close(self) -> None:
         await self.client.aclose()
         await self.registry.close()
+
+
+@contextlib.contextmanager
+def registry_errors():
+    """A registry that cannot be reached (Redis down) is 503 service_unavailable, not a server error."""
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        message = f"the fleet's registry cannot be reached ({type(exc).__name__})"
+        raise ServiceUnavailable(message, retry_after=1) from None
 
 
 def model_rows(records: list[InstanceRecord]) -> list[dict]:

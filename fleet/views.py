@@ -14,8 +14,8 @@ from django.http import JsonResponse
 
 from fleet.contract import InstanceReport
 from fleet.forwarding import forward
-from fleet.router import installed_router, model_rows
-from pantheon_site.errors import InvalidRequest, NotFound, ServiceUnavailable, Unauthorized, UnknownInstance
+from fleet.router import installed_router, model_rows, registry_errors
+from pantheon_site.errors import InvalidRequest, NotFound, Unauthorized, UnknownInstance
 from pantheon_site.fleet_credential import fleet_token_matches
 from pantheon_site.methods import only
 
@@ -46,7 +46,8 @@ def _report(request) -> InstanceReport:
 @only("POST")
 async def register(request):
     report = _report(request)
-    await installed_router().registry.register(report)
+    with registry_errors():
+        await installed_router().registry.register(report)
     logger.info("instance %s registered (%s at %s)", report.instance_id, report.model_id, report.endpoint)
     return JsonResponse({"registered": report.instance_id})
 
@@ -54,7 +55,9 @@ async def register(request):
 @only("POST")
 async def heartbeat(request):
     report = _report(request)
-    if not await installed_router().registry.heartbeat(report):
+    with registry_errors():
+        known = await installed_router().registry.heartbeat(report)
+    if not known:
         raise UnknownInstance(f"the instance {report.instance_id} is not registered; register it again")
     return JsonResponse({"live": report.instance_id})
 
@@ -77,10 +80,8 @@ async def root(request):
 @only("GET")
 async def health(request):
     """For probes: 200 while the registry answers, else 503 service_unavailable."""
-    try:
+    with registry_errors():
         await installed_router().registry.ping()
-    except Exception as exc:
-        raise ServiceUnavailable(f"the registry cannot be reached ({type(exc).__name__})", retry_after=1) from None
     return JsonResponse({"status": "ok"})
 
 
