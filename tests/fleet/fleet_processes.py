@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from tests.inference.serving import REPO_ROOT, START_TIMEOUT_S, PantheonServer, bearer, free_port, serving_env, wait_for
+from tests.inference.serving import REPO_ROOT, START_TIMEOUT_S, PantheonServer, bearer, free_port, serving_env
 
 FLEET_TOKEN = "test-fleet-token"
 MODEL = "stories"
@@ -132,10 +132,17 @@ class Fleet:
             list(pool.map(lambda server: load_model(server.start(), self.gguf, model), servers))
         return servers
 
-    def wait_live(self, router: RouterProcess, count: int, model: str = MODEL) -> dict:
-        """Waits until `router` shows `count` live instances of `model` (0: the model is gone); returns its row."""
-        return wait_for(lambda: (router.models().get(model, {"live": 0})["live"] == count) and
-                        router.models().get(model, {"live": 0}))  # fmt: skip
+    def wait_live(self, router: RouterProcess, count: int, model: str = MODEL, timeout: float = 60.0) -> dict:
+        """Waits until `router` shows `count` live instances of `model`; returns its row. Fails with what the router
+        shows and the ends of the processes' logs."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = router.models().get(model, {"live": 0})
+            if row["live"] == count:
+                return row
+            time.sleep(0.05)
+        logs = "\n".join(f"--- {p.log_path}:\n{p.log()[-2000:]}" for p in [*self.routers, *self.instances])
+        raise AssertionError(f"{router.url} shows {router.models()} after {timeout} s, not {count} of {model}\n{logs}")
 
     def stop(self) -> None:
         for process in [*self.instances, *self.routers]:

@@ -19,6 +19,15 @@ from django.core.management.base import CommandError
 from pantheon_site.management.base import CommandResult, PantheonCommand
 
 ROUTER_URLCONF = "fleet.urls"
+# Of the site's middleware, what the router's routes use: the request id (forwarded to the instance), the security
+# headers, and the error envelope. The UI's session, CSRF and staff checks guard no route here, and the router
+# exports no metrics, so they would only cost every forwarded request its time.
+ROUTER_MIDDLEWARE = (
+    "pantheon_site.middleware.RequestIdMiddleware",
+    "pantheon_site.middleware.SecurityMiddleware",
+    "pantheon_site.middleware.XFrameOptionsMiddleware",
+    "pantheon_site.middleware.ErrorEnvelopeMiddleware",
+)
 
 logger = logging.getLogger("pantheon.fleet")
 
@@ -31,8 +40,9 @@ class Command(PantheonCommand):
         parser.add_argument("--port", type=int, default=8080, help="TCP port to listen on (default 8080)")
 
     def execute(self, *args, **options):
-        """The router's routes, not an instance's, from before the system checks read the URL configuration."""
+        """The router's routes (and middleware), not an instance's, from before the system checks read them."""
         settings.ROOT_URLCONF = ROUTER_URLCONF
+        settings.MIDDLEWARE = [name for name in settings.MIDDLEWARE if name in ROUTER_MIDDLEWARE]
         return super().execute(*args, **options)
 
     def perform(self, *, host: str, port: int, **options) -> CommandResult:
