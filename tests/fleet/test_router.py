@@ -107,7 +107,11 @@ def test_each_router_forwards_to_both_instances_and_a_client_leaving_aborts_upst
     streams held open at once to the two instances. Closing them closes the instances' streams, which abort the
     generations: fewer tokens are generated than asked for."""
     before = sum(completion_tokens(server) for server in fleet.instances)
+    capacity = sum(r["max_concurrent"] for s in fleet.instances for r in httpx.get(s.url + "/v1/models").json()["data"])
     for router in fleet.routers:
+        # Until both instances have reported themselves idle again, a report from while the last streams ran could
+        # make the busier one look the idler.
+        wait_for(lambda: router.models()[MODEL]["free_slots"] == capacity)  # noqa: B023
         client = client_of(router.url)
         with contextlib.ExitStack() as streams:
             chosen = set()
