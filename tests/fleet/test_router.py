@@ -33,8 +33,11 @@ def client_of(url: str) -> openai.OpenAI:
 
 def test_the_openai_package_completes_through_the_router(fleet):
     client = client_of(fleet.routers[0].url)
-    reply = client.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=8)
+    reply = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=8, extra_headers={"X-Request-ID": "fleet-request-1"}
+    )
     assert reply.headers["x-pantheon-instance"] in {instance_id(server) for server in fleet.instances}
+    assert reply.headers["x-request-id"] == "fleet-request-1"
     assert reply.parse().choices[0].message.content
     assert reply.parse().usage.completion_tokens == 8
 
