@@ -25,6 +25,20 @@ class RoutingPolicy:
         best = min(live, key=lambda record: (self.load(record), record.report.instance_id))
         return Choice(instance=best, why="least_busy")
 
+    def begin(self, choice: Choice) -> None:
+        """The router is forwarding a request to `choice.instance` (counted until `end`)."""
+        instance_id = choice.instance.report.instance_id
+        self.sent[instance_id] = self.sent.get(instance_id, 0) + 1
+
+    def end(self, choice: Choice) -> None:
+        """The forward `begin` counted is over (answered, failed or abandoned by its client)."""
+        instance_id = choice.instance.report.instance_id
+        left = self.sent.get(instance_id, 0) - 1
+        if left > 0:
+            self.sent[instance_id] = left
+        else:
+            self.sent.pop(instance_id, None)
+
     async def served(self, request: RouteRequest, choice: Choice, *, cached_tokens: int | None) -> None:
         """The instance answered `request` (its usage's cached_tokens when the answer carried them)."""
 
