@@ -97,16 +97,18 @@ class WorkerState(models.TextChoices):
 
 
 class Worker(models.Model):
-    """The long-lived engine process for one device (`cpu` or `cuda:N`), as the supervisor last saw it.
+    """The long-lived engine process for one device (`cpu` or `cuda:N`) of one `serve`, as its supervisor last saw it.
 
-    One row per device, reused across restarts: `restarts` counts how often the supervisor brought it back.
+    One row per serve and device, reused across restarts: `restarts` counts how often the supervisor brought it back.
+    `server` names the serve (its host:port), so several serve processes can share one database (docs/fleet.md).
     `endpoint` is the ZMQ address the control plane talks to it on. A running serve rewrites the row at least every
     HEARTBEAT_RECORD_S (inference/runtime/control_plane.py), so `updated_at` says when one last vouched for it: a row
     `starting` or `ready` that none did for PANTHEON_WORKER_STALE_AFTER_S is marked dead by the periodic work
     (inference/services/stale_workers.py).
     """
 
-    device = models.CharField(max_length=32, unique=True)
+    server = models.CharField(max_length=255, blank=True, default="")
+    device = models.CharField(max_length=32)
     pid = models.IntegerField(null=True, blank=True)
     state = models.CharField(max_length=16, choices=WorkerState.choices, default=WorkerState.STARTING)
     restarts = models.PositiveIntegerField(default=0)
@@ -116,7 +118,8 @@ class Worker(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["device"]
+        ordering = ["server", "device"]
+        constraints = [models.UniqueConstraint(fields=["server", "device"], name="one_worker_row_per_serve_device")]
 
     def __str__(self) -> str:
         return f"worker {self.device} ({self.state})"
@@ -142,6 +145,7 @@ class ModelInstance(models.Model):
 
     catalog = models.ForeignKey(CatalogModel, on_delete=models.PROTECT, related_name="instances")
     served_name = models.CharField(max_length=200, db_index=True)
+    server = models.CharField(max_length=255, blank=True, default="")  # the serve holding it (Worker.server)
     worker = models.ForeignKey(Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="instances")
     device = models.CharField(max_length=32)
     state = models.CharField(max_length=16, choices=InstanceState.choices, default=InstanceState.LOADING)

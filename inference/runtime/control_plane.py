@@ -68,11 +68,14 @@ CatalogueLoad = Callable[[ModelRouter, str, str], Awaitable[object]]
 
 
 class ControlPlane:
-    def __init__(self, load_catalogued: CatalogueLoad) -> None:
+    def __init__(self, load_catalogued: CatalogueLoad, *, server: str = "") -> None:
+        """`server` names this serve in the rows it writes (its host:port): several serve processes may share one
+        database, and each forgets and rewrites only its own."""
         self.load_catalogued = load_catalogued
+        self.server = server
         self.supervisor = WorkerSupervisor.from_settings(on_crash=self._on_crash)
         self.client = self.supervisor.client
-        self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand)
+        self.router = ModelRouter(self.client, load_catalogued=self.load_on_demand, server=server)
         self.history = MetricsHistory(settings.PANTHEON_METRICS_HISTORY_INTERVAL_S, collect_families)
         self._sync_task: asyncio.Task | None = None
         self._history_task: asyncio.Task | None = None
@@ -85,7 +88,7 @@ class ControlPlane:
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await sync_to_async(_forget_previous_run)()
+        await sync_to_async(_forget_previous_run)(self.server)
         await self.supervisor.start()
         install_client(self.client)
         install_router(self.router)
@@ -118,7 +121,7 @@ class ControlPlane:
         install_router(None)
         install_client(None)
         await self.supervisor.stop()
-        await sync_to_async(_forget_previous_run)()
+        await sync_to_async(_forget_previous_run)(self.server)
 
     async def autoload(self) -> None:
         """Loads every catalogue model marked autoload, one after another; a failure is recorded and skipped."""
@@ -128,7 +131,7 @@ class ControlPlane:
                 await self.load_catalogued(self.router, name, "autoload")
             except PantheonError as error:
                 logger.error("autoload of %s failed: %s", name, error.message)
-                await sync_to_async(_record_failed_instance)(name, error.message)
+                await sync_to_async(_record_failed_instance)(name, error.message, self.server)
 
     async def load_on_demand(self, name: str) -> None:
         """The router's loader for a /v1 request naming a catalogued model that is not loaded."""
@@ -210,7 +213,7 @@ class ControlPlane:
                     continue
             changes[device] = record
         if changes:
-            await sync_to_async(_write_workers)(changes, self.client.endpoint)
+            await sync_to_async(_write_workers)(changes, self.client.endpoint, self.server)
             self._workers.update(changes)
 
     async def _sync_instances(self) -> None:
@@ -237,15 +240,20 @@ class ControlPlane:
         self.router.catalog_names = frozenset(names)
 
 
-def _forget_previous_run() -> None:
-    """Instances live in workers this process starts, so rows from an earlier run describe nothing."""
+def _forget_previous_run(server: str) -> None:
+    """Instances live in workers this process starts, so rows an earlier run of this serve wrote describe nothing.
+    Another serve's rows (another host:port sharing the database) are its own; rows written before serves were named
+    ("") are an earlier run's too."""
+    mine = {server, ""}
     with transaction.atomic():
-        ModelInstance.objects.all().delete()
-        Worker.objects.exclude(state=WorkerState.STOPPED).update(state=WorkerState.STOPPED, pid=None)
+        ModelInstance.objects.filter(server__in=mine).delete()
+        Worker.objects.filter(server__in=mine).exclude(state=WorkerState.STOPPED).update(
+            state=WorkerState.STOPPED, pid=None
+        )
     close_old_connections()
 
 
-def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
+def _write_workers(changes: dict[str, WorkerRecord], endpoint: str, server: str) -> None:
     now = timezone.now()
     close_old_connections()  # this thread's connection may predate a database restart: start afresh
     try:
@@ -253,7 +261,7 @@ def _write_workers(changes: dict[str, WorkerRecord], endpoint: str) -> None:
             defaults = {"pid": record.pid, "state": record.state, "restarts": record.restarts, "endpoint": endpoint}
             if record.heartbeat:
                 defaults["last_heartbeat"] = datetime.fromtimestamp(record.heartbeat, tz=UTC)
-            worker, created = Worker.objects.update_or_create(device=device, defaults=defaults)
+            worker, created = Worker.objects.update_or_create(server=server, device=device, defaults=defaults)
             if created or worker.started_at is None or record.state == WorkerState.STARTING:
                 Worker.objects.filter(pk=worker.pk).update(started_at=now)
     finally:
@@ -278,11 +286,11 @@ def _write_instances(changes: dict[int, tuple[str, str] | None]) -> None:
         close_old_connections()  # also a connection the database dropped, so the next sync connects afresh
 
 
-def _record_failed_instance(name: str, message: str) -> None:
+def _record_failed_instance(name: str, message: str, server: str) -> None:
     """A catalogued model that could not be loaded at start: a failed instance row says why (list_models shows it)."""
     model = CatalogModel.objects.filter(name=name).first()
     if model is not None:
-        ModelInstance.objects.create(catalog=model, served_name=name, device=model.device or "cpu",
+        ModelInstance.objects.create(catalog=model, served_name=name, server=server, device=model.device or "cpu",
                                      state=InstanceState.FAILED, last_error=message[:2000])  # fmt: skip
     close_old_connections()
 

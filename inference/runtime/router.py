@@ -61,9 +61,16 @@ class ModelRouter:
     it writes the instance row and the audit event).
     """
 
-    def __init__(self, client: EngineClient, *, load_catalogued: Callable[[str], Awaitable[Any]] | None = None):
+    def __init__(
+        self,
+        client: EngineClient,
+        *,
+        load_catalogued: Callable[[str], Awaitable[Any]] | None = None,
+        server: str = "",
+    ):
         self.client = client
         self.load_catalogued = load_catalogued
+        self.server = server  # the serve's name in the rows it writes (its host:port; ControlPlane)
         self.catalog_names: frozenset[str] = frozenset()
         self._loads: dict[str, asyncio.Future] = {}  # every load in progress, by name
         self._on_demand: dict[str, asyncio.Future] = {}  # loads /v1 requests started, which later requests share

@@ -192,7 +192,9 @@ async def _load(
         ) from None
     MODEL_LOAD.labels(name).observe(time.monotonic() - started)
     try:
-        instance_id = await sync_to_async(_record_load)(name, info, request, options, loaded, limits, operator)
+        instance_id = await sync_to_async(_record_load)(
+            name, info, request, options, loaded, limits, operator, router.server
+        )
     except Exception as exc:
         # Not recorded, not served: a load the database does not hold would be one the catalogue, the instances
         # and the audit log never saw. A database that cannot be reached is the client's 503 (logged once where it
@@ -326,6 +328,7 @@ def _record_load(
     loaded: p.Loaded,
     limits: ServingLimits,
     operator: bool,
+    server: str,
 ) -> int:
     with transaction.atomic():
         if operator:
@@ -333,11 +336,12 @@ def _record_load(
             catalog = do_catalogue_model(name, info, options, device=device, architecture=loaded.architecture)
         else:
             catalog = CatalogModel.objects.get(name=name)
-        ModelInstance.objects.filter(served_name=name, state=InstanceState.FAILED).delete()
+        ModelInstance.objects.filter(served_name=name, server=server, state=InstanceState.FAILED).delete()
         instance = ModelInstance.objects.create(
             catalog=catalog,
             served_name=name,
-            worker=Worker.objects.filter(device=loaded.device).first(),
+            server=server,
+            worker=Worker.objects.filter(server=server, device=loaded.device).first(),
             device=loaded.device,
             state=InstanceState.READY,
             load_options=options,

@@ -67,7 +67,7 @@ class Command(PantheonCommand):
         loop = reactor._asyncioEventloop
         asyncio.set_event_loop(loop)
         build_id()  # computed once now rather than by the first request
-        plane = ControlPlane(load_catalogued)
+        plane = ControlPlane(load_catalogued, server=f"{_shown_host(host)}:{port}")
         celery = EmbeddedCeleryWorker.from_settings() if settings.PANTHEON_EMBEDDED_CELERY else None
         registration = None
         if settings.PANTHEON_REGISTRY_URL:
@@ -117,7 +117,7 @@ class Command(PantheonCommand):
         """Daphne listens: the run file tells `manage.py` commands and batch tasks where, the embedded Celery worker
         starts, registration with the fleet's router starts (PANTHEON_REGISTRY_URL), then the catalogue's models
         load."""
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+        url = f"http://{_shown_host(host)}:{port}"
         write_run_file(RunInfo(os.getpid(), url, secret))
         devices = ", ".join(sorted(plane.client.workers()))
         self.stdout.write(f"Pantheon is serving on http://{host}:{port} (workers: {devices}). Ctrl-C stops it.")
@@ -139,3 +139,8 @@ class Command(PantheonCommand):
         self.stdout.flush()
         drain = loop.create_task(plane.drain(settings.PANTHEON_SHUTDOWN_DRAIN_TIMEOUT_S), name="drain")
         drain.add_done_callback(lambda _: server.stop())
+
+
+def _shown_host(host: str) -> str:
+    """The address this serve is reached at on this machine: loopback when it listens on every address."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
