@@ -18,6 +18,7 @@ fleet.md says what is exact and what is estimated.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from collections.abc import Iterable
 from threading import Lock
@@ -136,9 +137,13 @@ def served_prefixes(model_id: str, capacity: int | None = None) -> ServedPrefixe
         return _served[model_id]
 
 
-def record_served(model_id: str, body: Any) -> None:
-    """A serve instance served `body` (a parsed /v1 generation body) for `model_id`: its prompt's hashes are recorded
-    for the heartbeat."""
+def record_served(model_id: str, raw_body: bytes) -> None:
+    """A serve instance admitted the /v1 generation request `raw_body` (its JSON, as the client sent it and as the
+    router read it) for `model_id`: its prompt's hashes are recorded for the heartbeat."""
     prefixes = served_prefixes(model_id)
     if prefixes.capacity > 0:
+        try:
+            body = json.loads(raw_body)
+        except ValueError:
+            return
         prefixes.record(chunk_hashes(prefix_text(body)))

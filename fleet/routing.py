@@ -136,6 +136,14 @@ class RoutingPolicy:
         busiest, idlest = max(loads.values()), min(loads.values())
         return busiest - idlest > self.config.balance_abs and busiest > self.config.balance_ratio * idlest
 
+    async def home(self, model_id: str, session_key: str, live: list[InstanceRecord]) -> InstanceRecord | None:
+        """The live instance that holds the session (same epoch as when it took it), else None; changes nothing."""
+        held = await self.store.holder(model_id, session_key)
+        by_id = {record.report.instance_id: record for record in live}
+        if held is not None and _holds(by_id.get(held.instance_id), held):
+            return by_id[held.instance_id]
+        return None
+
     async def served(self, request: RouteRequest, choice: Choice, *, cached_tokens: int | None) -> None:
         """The instance answered `request` (its usage's cached_tokens when the answer carried them): a session's
         entry and export last another TTL from now, as the instance keeps it that long after this turn."""

@@ -5,6 +5,7 @@ records, as the registry would hand them; the end-to-end tests with real serve p
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -68,6 +69,14 @@ async def test_two_routers_on_one_redis_send_a_session_to_the_same_instance(redi
     followed = await two.choose(chat("hello", session="shared"), [record("8001", in_flight=3), record("8002")])
     assert placed.instance.report.instance_id == followed.instance.report.instance_id == "127.0.0.1:8001:m"
     assert followed.why == "session"
+    # At once: both look the session up before either claims it; the first claim still wins for both.
+    for n in range(10):
+        request = RouteRequest(model_id="m", session_key=f"race{n}")
+        choices = await asyncio.gather(
+            one.choose(request, [record("8001"), record("8002", in_flight=3)]),
+            two.choose(request, [record("8001", in_flight=3), record("8002")]),
+        )
+        assert choices[0].instance.report.instance_id == choices[1].instance.report.instance_id
     await one.close()
     await two.close()
 
@@ -88,6 +97,23 @@ async def test_a_session_whose_instance_is_gone_rehomes_and_is_restored_from_its
     assert (after.instance.report.instance_id, after.why) == (c.report.instance_id, "session")
     await router.close()
     await other_router.close()
+
+
+async def test_two_routers_rehoming_a_session_at_once_agree_and_restore_it_once(redis_url):
+    one, two = policy(redis_url), policy(redis_url)
+    a = record("8001")
+    for n in range(10):
+        await one.choose(RouteRequest(model_id="m", session_key=f"s{n}"), [a])
+        await one.exported("m", f"s{n}", b"file")
+        request = RouteRequest(model_id="m", session_key=f"s{n}")  # a is gone; each router sees b and c differently
+        choices = await asyncio.gather(
+            one.choose(request, [record("8002"), record("8003", in_flight=3)]),
+            two.choose(request, [record("8002", in_flight=3), record("8003")]),
+        )
+        assert choices[0].instance.report.instance_id == choices[1].instance.report.instance_id
+        assert [c.restore_file for c in choices].count(b"file") == 1
+    await one.close()
+    await two.close()
 
 
 async def test_an_instance_restarted_under_the_same_id_no_longer_holds_its_sessions(redis_url):
