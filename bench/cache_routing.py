@@ -93,8 +93,15 @@ def system_prompts(count: int, sentences: int) -> list[str]:
 
 
 def user_turns(conversation: int, turns: int) -> list[str]:
+    """A user's messages: a sentence or two, far shorter than the answers, as in chat traffic."""
     rng = random.Random(conversation)
-    return [" ".join(sentence(rng, rng.randint(6, 12)) for _ in range(rng.randint(1, 3))) for _ in range(turns)]
+    return [" ".join(sentence(rng, rng.randint(5, 10)) for _ in range(rng.randint(1, 2))) for _ in range(turns)]
+
+
+def think_times(conversation: int, turns: int, mean_s: float) -> list[float]:
+    """The pauses before each turn after the first (a user reads the answer and types): uniform around `mean_s`."""
+    rng = random.Random(10_000 + conversation)
+    return [0.0] + [rng.uniform(0.5 * mean_s, 1.5 * mean_s) for _ in range(turns - 1)]
 
 
 def whole_word_bias(model_dir: Path) -> dict[str, int]:

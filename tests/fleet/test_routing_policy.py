@@ -34,12 +34,19 @@ def chat(*turns: str, session: str | None = None) -> RouteRequest:
     return RouteRequest(model_id="m", session_key=session, prefix_text=prefix_text({"messages": messages}))
 
 
+async def _clear(client) -> None:
+    """Only the fleet's keys: the database may be shared with other tests' registries."""
+    keys = [key async for key in client.scan_iter(match="pantheon:fleet:*")]
+    if keys:
+        await client.delete(*keys)
+
+
 @pytest.fixture
 async def redis_url():
     client = redis.asyncio.from_url(REDIS_URL)
-    await client.flushdb()
+    await _clear(client)
     yield REDIS_URL
-    await client.flushdb()
+    await _clear(client)
     await client.aclose()
 
 
