@@ -72,17 +72,6 @@ class RoutingPolicy:
         """An instance's load as this router sees it: what it reported in flight plus what this router sent since."""
         return record.report.in_flight + self.sent.get(record.report.instance_id, 0)
 
-    def begin(self, choice: Choice) -> None:
-        """The router forwards a request to `choice.instance`."""
-        instance_id = choice.instance.report.instance_id
-        self.sent[instance_id] = self.sent.get(instance_id, 0) + 1
-
-    def end(self, choice: Choice) -> None:
-        """That request ended (answered, failed or abandoned)."""
-        instance_id = choice.instance.report.instance_id
-        if instance_id in self.sent:
-            self.sent[instance_id] = max(0, self.sent[instance_id] - 1)
-
     async def choose(self, request: RouteRequest, live: list[InstanceRecord]) -> Choice:
         """The instance for `request` among `live` (never empty: the caller answers 503 when no instance serves the
         model); see the module docstring for the rules."""
@@ -143,6 +132,20 @@ class RoutingPolicy:
         if held is not None and _holds(by_id.get(held.instance_id), held):
             return by_id[held.instance_id]
         return None
+
+    def begin(self, choice: Choice) -> None:
+        """The router is forwarding a request to `choice.instance` (counted until `end`)."""
+        instance_id = choice.instance.report.instance_id
+        self.sent[instance_id] = self.sent.get(instance_id, 0) + 1
+
+    def end(self, choice: Choice) -> None:
+        """The forward `begin` counted is over (answered, failed or abandoned by its client)."""
+        instance_id = choice.instance.report.instance_id
+        left = self.sent.get(instance_id, 0) - 1
+        if left > 0:
+            self.sent[instance_id] = left
+        else:
+            self.sent.pop(instance_id, None)
 
     async def served(self, request: RouteRequest, choice: Choice, *, cached_tokens: int | None) -> None:
         """The instance answered `request` (its usage's cached_tokens when the answer carried them): a session's

@@ -2,8 +2,8 @@
 
 - `POST /admin/session/export` sent to a router goes to the instance holding the session (the session map,
   fleet/session_store.py; the least busy when none does, which answers the instance's own 404), and the session file
-  it answers with (`Accept: application/octet-stream`, or the JSON form's blob and tokens, made into the same file)
-  is kept as the session's restore point (PANTHEON_ROUTER_EXPORT_MAX_BYTES, PANTHEON_ROUTER_SESSION_TTL_S).
+  it answers with when asked for one (`Accept: application/octet-stream`; the JSON form is passed back, not kept) is
+  kept as the session's restore point (PANTHEON_ROUTER_EXPORT_MAX_BYTES, PANTHEON_ROUTER_SESSION_TTL_S).
 - With PANTHEON_ROUTER_EXPORT_EACH_TURN the router exports a session itself after each of its turns (in the
   background, as the router: the fleet token), so every session has a restore point; off by default, since each
   export copies the session's whole KV (megabytes to gigabytes) from the instance into Redis, every turn.
@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 
@@ -25,9 +23,10 @@ from django.conf import settings
 from django.http import HttpResponse
 
 from fleet.contract import Choice, InstanceRecord, RouteRequest
-from inference.services.session_file import session_file
+from fleet.router import installed_router
 from pantheon_site.errors import InvalidRequest, NoLiveInstance
 from pantheon_site.fleet_credential import FLEET_TOKEN_HEADER
+from pantheon_site.methods import only
 from pantheon_site.request_ids import REQUEST_ID_HEADER
 
 logger = logging.getLogger("pantheon.fleet")
@@ -71,6 +70,12 @@ async def restore(router, route: RouteRequest, choice: Choice, request) -> bool:
     return True
 
 
+@only("POST")
+async def export_view(request):
+    """POST /admin/session/export at the router (fleet/urls.py)."""
+    return await export_through(installed_router(), request)
+
+
 async def export_through(router, request) -> HttpResponse:
     """`POST /admin/session/export` at the router: forwarded to the session's instance, its answer passed back as it
     came, and its session file kept (module docstring)."""
@@ -98,15 +103,10 @@ async def export_through(router, request) -> HttpResponse:
 
 
 async def _keep(router, model_id: str, session_key: str, response: httpx.Response) -> None:
-    """The export's session file, kept: the raw body, or the JSON form's tokens and blob written as one."""
-    if response.headers.get("content-type", "").startswith(RAW_BODY):
-        data = response.content
-    else:
-        try:
-            exported = response.json()
-            data = session_file(exported["tokens"], base64.b64decode(exported["blob_b64"]))
-        except (ValueError, KeyError, TypeError, binascii.Error):
-            return
+    """The export's session file, kept (an answer in the JSON form is not)."""
+    if not response.headers.get("content-type", "").startswith(RAW_BODY):
+        return
+    data = response.content
     if not await router.policy.exported(model_id, session_key, data):
         logger.info("a session's export (%d bytes) is over PANTHEON_ROUTER_EXPORT_MAX_BYTES: not kept", len(data))
 

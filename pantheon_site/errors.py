@@ -247,6 +247,27 @@ class WeightsUnsaved(PantheonError):
     status, type, code = 409, "invalid_request_error", "weights_unsaved"
 
 
+class NoLiveInstance(_RetryableError):
+    """503 (the fleet's router, docs/fleet.md): no live instance serves the request's model, or none could be
+    reached; Retry-After is one registry heartbeat, when an instance may have registered."""
+
+    status, type, default_message = 503, "no_live_instance", "no live instance serves this model"
+
+
+class InstanceFailed(PantheonError):
+    """502 (the fleet's router): the instance a request was forwarded to failed before it answered in full (it
+    died, or its connection broke). A stream that had opened ends with this as its terminal error event."""
+
+    status, type, default_message = 502, "instance_failed", "the instance serving the request failed"
+
+
+class UnknownInstance(PantheonError):
+    """404 (the fleet's router): a heartbeat from an instance the registry does not hold (never registered, or
+    dropped after missing heartbeats); the instance registers again."""
+
+    status, type, default_message = 404, "unknown_instance", "this instance is not registered"
+
+
 class ServerError(PantheonError):
     """500: the generation failed (worker died, out of memory, an engine error)."""
 

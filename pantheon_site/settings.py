@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "weights",
     "batches",
     "admin_ui",
+    "fleet",
 ]
 
 # Sessions and auth are lazy (no query unless a view reads request.user), CSRF is checked only under /ui/ (every
@@ -459,6 +460,29 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A running batch needs no broker, so losing it does not cancel the batch's task (its lease, not the message, says
 # who runs a batch).
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+
+# --- the fleet: registration with a router, and the router (docs/fleet.md) ---
+# The router a `serve` registers its models with and heartbeats to; unset, serve registers nowhere (unchanged).
+PANTHEON_REGISTRY_URL = _env_str("PANTHEON_REGISTRY_URL", "").strip().rstrip("/")
+# What an instance reports of where it runs: its node and transport (hints for the router, shown by it).
+PANTHEON_NODE_ID = _env_str("PANTHEON_NODE_ID", "node0")
+PANTHEON_REGISTRY_TRANSPORT = _env_str("PANTHEON_REGISTRY_TRANSPORT", "local")
+# How often an instance reports its live load; a router drops an instance it has not heard from for the timeout.
+PANTHEON_REGISTRY_HEARTBEAT_S = _env_float("PANTHEON_REGISTRY_HEARTBEAT_S", 5.0)
+PANTHEON_REGISTRY_TIMEOUT_S = _env_float("PANTHEON_REGISTRY_TIMEOUT_S", 15.0)
+if not 0 < PANTHEON_REGISTRY_HEARTBEAT_S < PANTHEON_REGISTRY_TIMEOUT_S:
+    raise ImproperlyConfigured(
+        "PANTHEON_REGISTRY_HEARTBEAT_S must be above 0 and below PANTHEON_REGISTRY_TIMEOUT_S, or every instance would "
+        f"be dropped between heartbeats; got {PANTHEON_REGISTRY_HEARTBEAT_S} and {PANTHEON_REGISTRY_TIMEOUT_S}"
+    )
+# The secret router and instances present to each other (compared in constant time, never logged). Empty: the
+# router refuses every registration, and instances take no request as the router's.
+PANTHEON_FLEET_TOKEN = _env_str("PANTHEON_FLEET_TOKEN", "")
+# Where routers keep the registry so that several agree (default REDIS_URL); empty: in the router's memory (one
+# router only).
+PANTHEON_FLEET_REDIS_URL = _env_str("PANTHEON_FLEET_REDIS_URL", REDIS_URL).strip()
+# The endpoint an instance advertises (default: http://host:port of serve), for a router that reaches it elsewhere.
+PANTHEON_PUBLIC_URL = _env_str("PANTHEON_PUBLIC_URL", "").strip().rstrip("/")
 
 # --- the router's routing policy: session affinity and cache-aware routing (fleet/routing.py; docs/fleet.md) ---
 # cache_aware (the longest cached prefix, balanced against load) or least_busy (load alone). Sessions stick either way.

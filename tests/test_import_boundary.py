@@ -109,17 +109,18 @@ def test_the_control_plane_imports_no_torch(tmp_path):
             "inference.services.model_lifecycle",
             "inference.api.openai",
             "inference.api.admin",
+            "fleet.urls",
         ],
         # Every other control-plane module too (the management commands among them); of the engine, only the
         # torch-free contract the control plane speaks to the workers with (the trainer's library, pantheon_trainer,
         # is imported by a training process, never by the control plane).
-        packages=["pantheon_site", "inference", "inference.engine.contract", "admin_ui", "weights"],
+        packages=["pantheon_site", "inference", "inference.engine.contract", "admin_ui", "weights", "fleet"],
         skip=["inference.engine"],
         forbidden=["torch"],
         inference_allowed=["inference."],
         django_setup=True,
     )
-    assert {"inference.management.commands.serve", "inference.management.commands.devices"} <= set(found["imported"])
+    assert {"inference.management.commands.serve", "fleet.management.commands.router"} <= set(found["imported"])
     assert found["loaded"] == [], explain(found)
 
 
@@ -147,7 +148,7 @@ def test_a_worker_that_does_not_compile_loads_no_compiler():
 # import statement counts, at the top of a module or inside a function, under `if TYPE_CHECKING:` too: a circle made
 # only by type hints is mended by moving the shared type down, not by hiding the import.
 
-HOUSE = ("inference", "weights", "pantheon_site", "admin_ui")
+HOUSE = ("inference", "weights", "pantheon_site", "admin_ui", "fleet")
 EDGE = ("inference.api", "admin_ui", "inference.management")
 
 # (importer, what it must not import, the exceptions): a module under `importer` imports no module under `forbidden`
@@ -161,6 +162,8 @@ FLOORS = [
     ("admin_ui", ("inference.api", "inference.runtime"), ()),
     # The commands likewise (the local credential they present is pantheon_site's, below both).
     ("inference.management", ("inference.api", "inference.runtime.router"), ()),
+    # The router (fleet) runs none of an instance's code: of inference, only the torch-free contract.
+    ("fleet", ("inference", "weights", "admin_ui"), ("inference.engine.contract",)),
 ]
 
 

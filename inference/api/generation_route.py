@@ -95,7 +95,7 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
                 return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",
                                              headers=SSE_HEADERS)  # fmt: skip
             raise error from exc
-        if getattr(settings, "PANTHEON_REGISTRY_URL", ""):  # TODO(affinity): plain after the router's merge
+        if settings.PANTHEON_REGISTRY_URL:
             record_served(placement.served_name, request.body)  # what the heartbeat reports (fleet/prefix_hashes.py)
         if run.stream:
             streaming = True

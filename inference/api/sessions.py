@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from inference.api.operator_auth import admin_route, client_or_local_actor
+from inference.api.operator_auth import admin_route, client_or_fleet, client_or_local_actor
 from inference.api.session_requests import (
     parse_estimate_query,
     parse_raw_restore_request,
@@ -41,7 +41,7 @@ WATCH_KEEPALIVE = b": keep-alive\n\n"
 
 
 @only("POST")
-@admin_route("session_export")
+@admin_route("session_export", fleet=True)
 async def export(request):
     """The session's most recently used conversation: blob (base64), the tokens it covers, the weights version; or,
     asked with `Accept: application/octet-stream`, the session file (inference/services/session_file.py) that
@@ -60,7 +60,7 @@ async def restore(request):
     """A JSON body (the spec's: blob as base64, tokens), or a session file as an application/octet-stream body with
     `name` and `session_id` in the query: the latter may be larger than PANTHEON_MAX_BODY_BYTES (body_limit.py), so
     it is read from the request's stream, past Django's check of a body's size, which applies to the JSON form."""
-    await arequire_client_token(request, operation="session_restore")
+    await client_or_fleet(request, operation="session_restore")
     if request.content_type == RAW_BODY:
         raw = await asyncio.to_thread(request.read)
         body = await asyncio.to_thread(parse_raw_restore_request, raw, request.GET, request.headers)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.fleet.fleet_processes import MODEL, instance_id
+from tests.inference.conftest import operator_token  # noqa: F401
 from tests.inference.serving import bearer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,14 +30,15 @@ LONG = 400  # tokens of a stream held open across the kill (ignore_eos): far mor
 
 @pytest.fixture(scope="module")
 def fleet(start_fleet):
-    return start_fleet(instances=2, routers=2)
+    # Room on one instance for every session of the module: the survivor takes the victim's.
+    return start_fleet(instances=2, routers=2, load_options={"max_sessions": 2 * SESSIONS + 8})
 
 
 class Conversation:
     """One session's messages; `turn` sends the next user message (or resends the last one) through a router."""
 
-    def __init__(self, n: int):
-        self.session = f"affinity-{n}"
+    def __init__(self, n: int, test: str = "rehome"):
+        self.session = f"{test}-{n}"
         self.messages = [{"role": "user", "content": f"{NAMES[n]} went to the park with a red ball"}]
 
     def turn(self, router_url: str, **extra) -> tuple[str, dict]:
@@ -63,7 +65,7 @@ def cached(usage: dict) -> int:
 
 def test_two_routers_on_one_redis_send_a_session_to_the_same_instance(fleet):
     one, two = (router.url for router in fleet.routers)
-    conversations = [Conversation(n) for n in range(4)]
+    conversations = [Conversation(n, "two-routers") for n in range(4)]
     first = at_once([lambda c=c: c.turn(one) for c in conversations])
     for conversation in conversations:
         conversation.ask("Then it began to rain")
@@ -97,7 +99,7 @@ def stream_end(lines) -> str:
     return "done" if last == "data: [DONE]" else ("error" if "error" in json.loads(last[6:]) else "cut")
 
 
-def test_sessions_stick_and_rehome_with_their_export_when_their_instance_dies(fleet, operator_token):
+def test_sessions_stick_and_rehome_with_their_export_when_their_instance_dies(fleet, operator_token):  # noqa: F811
     """Runs last in this module: it leaves one instance."""
     router, other_router = fleet.routers
     conversations = [Conversation(n) for n in range(SESSIONS)]

@@ -5,6 +5,7 @@ that one loop, so a route awaits worker replies without a thread. Order: the met
 run writes to (pantheon_site/metrics_dir.py), migrate, start the workers (before listening, so the first request
 finds them), listen, write the run file (`manage.py load_model` and a batch's Celery task find the server through
 it), start the embedded Celery worker when PANTHEON_EMBEDDED_CELERY is on (inference/runtime/embedded_celery.py),
+start registering with the fleet's router when PANTHEON_REGISTRY_URL names one (inference/runtime/registration.py),
 then load the catalogue's autoload models in the background.
 
 Ctrl-C or SIGTERM shuts down gracefully: new completions get 503 server_shutting_down (Retry-After: 1) while the
@@ -59,6 +60,7 @@ class Command(PantheonCommand):
 
         from inference.runtime.control_plane import ControlPlane
         from inference.runtime.embedded_celery import EmbeddedCeleryWorker
+        from inference.runtime.registration import RegistrationAgent
         from inference.services.model_lifecycle import load_catalogued
         from pantheon_site.asgi import application
 
@@ -67,12 +69,17 @@ class Command(PantheonCommand):
         build_id()  # computed once now rather than by the first request
         plane = ControlPlane(load_catalogued)
         celery = EmbeddedCeleryWorker.from_settings() if settings.PANTHEON_EMBEDDED_CELERY else None
+        registration = None
+        if settings.PANTHEON_REGISTRY_URL:
+            registration = RegistrationAgent.from_settings(plane.client, host, port)
         self.stdout.write("Starting the workers...")
         loop.run_until_complete(plane.start())
         secret = new_admin_secret()
         install_local_secret(secret)
 
         async def stop_children():
+            if registration:
+                await registration.stop()
             await asyncio.gather(plane.stop(), *([celery.stop()] if celery else []))
 
         def stop_workers():
@@ -82,7 +89,7 @@ class Command(PantheonCommand):
             application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=False,  # ours below: drain first
-            ready_callable=lambda: self._ready(plane, celery, host, port, secret),
+            ready_callable=lambda: self._ready(plane, celery, registration, host, port, secret),
             verbosity=0,
         )
         reactor.addSystemEventTrigger("before", "shutdown", stop_workers)
@@ -106,9 +113,10 @@ class Command(PantheonCommand):
             raise CommandError(f"could not listen on {host}:{port} (is another server using the port?)")
         return CommandResult(lines=["Pantheon stopped."])
 
-    def _ready(self, plane, celery, host: str, port: int, secret: str) -> None:
+    def _ready(self, plane, celery, registration, host: str, port: int, secret: str) -> None:
         """Daphne listens: the run file tells `manage.py` commands and batch tasks where, the embedded Celery worker
-        starts, then the catalogue's models load."""
+        starts, registration with the fleet's router starts (PANTHEON_REGISTRY_URL), then the catalogue's models
+        load."""
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
         write_run_file(RunInfo(os.getpid(), url, secret))
         devices = ", ".join(sorted(plane.client.workers()))
@@ -116,6 +124,9 @@ class Command(PantheonCommand):
         if celery:
             celery.start()
             self.stdout.write(f"The embedded Celery worker (pid {celery.pid}) runs batches and periodic tasks.")
+        if registration:
+            registration.start()
+            self.stdout.write(f"Registering with the router at {settings.PANTHEON_REGISTRY_URL}.")
         self.stdout.flush()
         plane.start_autoload()
 
