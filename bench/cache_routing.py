@@ -67,6 +67,7 @@ class Turn:
     prompt_tokens: int
     cached_tokens: int
     instance: str
+    why: str
 
 
 @dataclass(slots=True)
@@ -151,9 +152,9 @@ class Router:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def start_fleet(policy: str, model_dir: Path, slots: int) -> tuple[Router, list[Server]]:
+def start_fleet(policy: str, model_dir: Path, slots: int, threads: int) -> tuple[Router, list[Server]]:
     router = Router(policy)
-    env = {"PANTHEON_REGISTRY_URL": router.url, "PANTHEON_FLEET_TOKEN": FLEET_TOKEN,
+    env = {"PANTHEON_REGISTRY_URL": router.url, "PANTHEON_FLEET_TOKEN": FLEET_TOKEN, "OMP_NUM_THREADS": str(threads),
            "PANTHEON_REGISTRY_HEARTBEAT_S": "1", "PANTHEON_REGISTRY_TIMEOUT_S": "10"}  # fmt: skip
     servers = [Server(env), Server(env)]
     for server in servers:
@@ -167,13 +168,15 @@ def start_fleet(policy: str, model_dir: Path, slots: int) -> tuple[Router, list[
     return router, servers
 
 
-async def turn_request(client: httpx.AsyncClient, body: dict) -> tuple[float, str, dict, str]:
-    """One streaming turn: its time to first content, the answer's text, its usage, and the instance that served it."""
+async def turn_request(client: httpx.AsyncClient, body: dict) -> tuple[float, str, dict, str, str]:
+    """One streaming turn: its time to first content, the answer's text, its usage, the instance that served it and
+    why the router chose it."""
     started = time.perf_counter()
     ttft, text, usage = None, [], {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         instance = response.headers.get("X-Pantheon-Instance", "?")
+        why = response.headers.get("X-Pantheon-Route", "?")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -185,18 +188,20 @@ async def turn_request(client: httpx.AsyncClient, body: dict) -> tuple[float, st
                     ttft = ttft if ttft is not None else time.perf_counter() - started
                     text.append(content)
             usage = event.get("usage") or usage
-    return (ttft if ttft is not None else time.perf_counter() - started), "".join(text), usage, instance
+    return (ttft if ttft is not None else time.perf_counter() - started), "".join(text), usage, instance, why
 
 
 async def conversation(client, index: int, system: str, args, bias: dict, result: RunResult) -> None:
     messages = [{"role": "system", "content": system}]
+    pauses = think_times(index, args.turns, args.think_s)
     for turn, user in enumerate(user_turns(index, args.turns)):
+        await asyncio.sleep(pauses[turn])
         messages.append({"role": "user", "content": user})
         body = {"model": "m", "messages": messages, "stream": True, "stream_options": {"include_usage": True},
                 "max_tokens": args.max_tokens, "temperature": 0, "logit_bias": bias}  # fmt: skip
-        ttft, answer, usage, instance = await turn_request(client, body)
+        ttft, answer, usage, instance, why = await turn_request(client, body)
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        result.turns.append(Turn(index, turn, ttft, usage.get("prompt_tokens", 0), cached, instance))
+        result.turns.append(Turn(index, turn, ttft, usage.get("prompt_tokens", 0), cached, instance, why))
         messages.append({"role": "assistant", "content": answer})
 
 
@@ -223,13 +228,26 @@ def report(result: RunResult) -> str:
     prompt = sum(t.prompt_tokens for t in result.turns)
     cached = sum(t.cached_tokens for t in result.turns)
     served: dict[str, int] = {}
+    whys: dict[str, int] = {}
     for t in result.turns:
         served[t.instance] = served.get(t.instance, 0) + 1
+        whys[t.why] = whys.get(t.why, 0) + 1
     return (
         f"{result.policy:<12} {len(result.turns):>5} {prompt:>8} {cached:>8} {cached / max(1, prompt):>7.1%} "
-        f"{statistics.fmean(ttfts):>9.0f} {statistics.median(ttfts):>8.0f} {ttfts[int(0.9 * (len(ttfts) - 1))]:>8.0f} "
-        f"{result.wall_s:>7.1f}  {sorted(served.values())}"
+        f"{(prompt - cached) / len(result.turns):>9.0f} {statistics.fmean(ttfts):>9.0f} "
+        f"{statistics.median(ttfts):>8.0f} {ttfts[int(0.9 * (len(ttfts) - 1))]:>8.0f} {result.wall_s:>7.1f}  "
+        f"{sorted(served.values())} {whys}"
     )
+
+
+def by_turn(result: RunResult, turns: int) -> str:
+    """Mean TTFT (ms) and uncached prompt tokens per turn index."""
+    cells = []
+    for n in range(turns):
+        rows = [t for t in result.turns if t.turn == n]
+        ttft = statistics.fmean(t.ttft_s * 1000 for t in rows)
+        cells.append(f"{ttft:.0f}ms/{statistics.fmean(t.prompt_tokens - t.cached_tokens for t in rows):.0f}tok")
+    return f"{'':<12} per turn: " + "  ".join(cells)
 
 
 def model_dir(models: Path) -> Path:
@@ -258,21 +276,24 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="conversations in flight at once")
     parser.add_argument("--max-tokens", type=int, default=64, help="an answer's length")
     parser.add_argument("--slots", type=int, default=8, help="each instance's max_concurrent")
+    parser.add_argument("--think-s", type=float, default=2.0, help="a user's mean pause between turns")
+    parser.add_argument("--threads", type=int, default=1, help="each instance's threads (OMP_NUM_THREADS)")
     args = parser.parse_args()
     path = model_dir(args.models)
     systems = system_prompts(args.systems, args.system_sentences)
     bias = whole_word_bias(path)
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {path.name}; {args}", flush=True)
-    print(f"{'policy':<12} {'turns':>5} {'prompt':>8} {'cached':>8} {'hit':>7} {'ttft_mean':>9} {'p50':>8} "
-          f"{'p90':>8} {'wall_s':>7}  per instance")  # fmt: skip
+    print(f"{'policy':<12} {'turns':>5} {'prompt':>8} {'cached':>8} {'hit':>7} {'uncached':>9} {'ttft_mean':>9} "
+          f"{'p50':>8} {'p90':>8} {'wall_s':>7}  per instance, why")  # fmt: skip
     for policy in args.policies.split(","):
-        router, servers = start_fleet(policy, path, args.slots)
+        router, servers = start_fleet(policy, path, args.slots, args.threads)
         try:
             result = asyncio.run(run_workload(router.url, args, systems, bias, policy))
         finally:
             for process in (*servers, router):
                 process.stop()
         print(report(result), flush=True)
+        print(by_turn(result, args.turns), flush=True)
 
 
 if __name__ == "__main__":

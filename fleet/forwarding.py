@@ -47,6 +47,7 @@ from pantheon_site.fleet_credential import FLEET_TOKEN_HEADER
 from pantheon_site.request_ids import REQUEST_ID_HEADER
 
 INSTANCE_HEADER = "X-Pantheon-Instance"  # on every forwarded answer: the instance id that answered
+ROUTE_HEADER = "X-Pantheon-Route"  # and why the policy chose it: session, rehome, prefix or least_busy
 # Neither forwarded nor passed back: they describe one connection, not the request (RFC 9110 7.6.1), or are set anew.
 _NOT_PASSED = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
@@ -172,6 +173,7 @@ async def _watched(router: FleetRouter, instance_id: str, awaitable: Awaitable):
 def _passed_headers(upstream: httpx.Response, choice: Choice) -> dict[str, str]:
     headers = {name: value for name, value in upstream.headers.items() if name.lower() not in _NOT_PASSED}
     headers[INSTANCE_HEADER] = choice.instance.report.instance_id
+    headers[ROUTE_HEADER] = choice.why
     return headers
 
 

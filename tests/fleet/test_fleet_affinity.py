@@ -48,6 +48,7 @@ class Conversation:
         assert answer.status_code == 200, answer.text
         reply = answer.json()
         self.messages = self.messages + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]}]
+        self.why = answer.headers["x-pantheon-route"]  # why the router chose the instance
         return answer.headers["x-pantheon-instance"], reply["usage"]
 
     def ask(self, text: str) -> None:
@@ -110,6 +111,7 @@ def test_sessions_stick_and_rehome_with_their_export_when_their_instance_dies(fl
     second = at_once([lambda c=c: c.turn(router.url) for c in conversations])
     assert [where for where, _ in second] == homes  # each later turn where its KV lives, and warm
     assert all(cached(usage) > 0 for _, usage in second)
+    assert {c.why for c in conversations} == {"session"}
 
     victim = next(server for server in fleet.instances if instance_id(server) == homes[0])
     survivor = next(server for server in fleet.instances if server is not victim)
@@ -131,7 +133,7 @@ def test_sessions_stick_and_rehome_with_their_export_when_their_instance_dies(fl
     # The victim's sessions take the turn again on the survivor: restored from their export, or prefilled again.
     retried = at_once([lambda c=c: c.turn(router.url) for c in doomed])
     for conversation, (where, usage) in zip(doomed, retried, strict=True):
-        assert where == instance_id(survivor)
+        assert (where, conversation.why) == (instance_id(survivor), "rehome")
         if conversation.session in exported:
             (covered,) = struct.unpack_from("<I", exported[conversation.session])  # the file's token count
             assert cached(usage) >= covered - 1, usage
