@@ -15,10 +15,13 @@ import struct
 
 import httpx
 import pytest
+import redis
 
+from fleet.prefix_hashes import chunk_hashes, prefix_text
+from fleet.registry import INSTANCE_KEY
 from tests.fleet.fleet_processes import MODEL, instance_id
 from tests.inference.conftest import operator_token  # noqa: F401
-from tests.inference.serving import bearer
+from tests.inference.serving import bearer, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,6 +76,32 @@ def test_two_routers_on_one_redis_send_a_session_to_the_same_instance(fleet):
     second = at_once([lambda c=c: c.turn(two) for c in conversations])  # the other router: the same instances
     assert [where for where, _ in second] == [where for where, _ in first]
     assert all(cached(usage) > 0 for _, usage in second)
+
+
+def reported_prefixes(fleet, server) -> list[str]:
+    """The chunk hashes the instance reported in its last heartbeat, as the registry keeps them in Redis."""
+    store = redis.Redis.from_url(fleet.redis_url)
+    try:
+        record = store.get(INSTANCE_KEY + instance_id(server))
+    finally:
+        store.close()
+    return json.loads(record)["report"]["cached_prefixes"] if record else []
+
+
+def test_an_instance_reports_the_prompts_it_served_and_a_similar_prompt_follows_them(fleet):
+    """Without a session key: a long prompt served by one instance is in that instance's next heartbeat, and a prompt
+    sharing most of it goes to the same instance (X-Pantheon-Route: prefix) through the other router."""
+    story = "Once upon a time there was a little dog who liked to run in the park with his friends. " * 3
+    body = {"model": MODEL, "messages": [{"role": "user", "content": story}], "max_tokens": 2}
+    first = httpx.post(fleet.routers[0].url + "/v1/chat/completions", json=body, timeout=60)
+    assert first.status_code == 200, first.text
+    server = next(s for s in fleet.instances if instance_id(s) == first.headers["x-pantheon-instance"])
+    hashes = chunk_hashes(prefix_text(body))
+    wait_for(lambda: set(hashes) <= set(reported_prefixes(fleet, server)))
+    body["messages"] = [{"role": "user", "content": story + "The end."}]
+    second = httpx.post(fleet.routers[1].url + "/v1/chat/completions", json=body, timeout=60)
+    assert (second.headers["x-pantheon-instance"], second.headers["x-pantheon-route"]) == (instance_id(server),
+                                                                                           "prefix")  # fmt: skip
 
 
 def export(router_url: str, session: str, token: str) -> bytes:
