@@ -3,9 +3,11 @@ of two serve instances on loopback (issue 39's workload: 32 conversations of 6 t
 
 For each policy (PANTHEON_ROUTER_POLICY), a fresh router (registry in memory) and two fresh `manage.py serve`
 instances (their own data folders; each registers with the router) load the same model, so every run starts with
-empty caches. --concurrency conversations run at once, each a user taking its turns one after another: a streaming
-/v1/chat/completions request with the whole conversation so far (temperature 0, --max-tokens), whose answer the user
-sends back as the assistant's turn, as a chat client does.
+empty caches; each instance runs its steps on --threads threads (one each: two instances on a two-core host).
+--concurrency users run at once, each taking a conversation's turns one after another with a pause between them
+(--think-s on average: the user reads and types, so the instances' loads have moved on when the next turn comes):
+a streaming /v1/chat/completions request with the whole conversation so far (temperature 0, --max-tokens), whose
+answer the user sends back as the assistant's turn, as a chat client does.
 
 The model is a random Llama (bench/random_model.py's 85M shape, hidden 768 x 12 layers, stories260K's tokenizer,
 a window of 2048): big enough that prefilling a prompt costs far more than the request's way through the router. Its
@@ -13,11 +15,13 @@ weights are random, so to answer in text that tokenizes back to the same ids (as
 as the prefix cache needs to find an answer's KV on the next turn), the bench biases its sampling to whole-word
 tokens (`logit_bias`). The texts (system prompts, user turns) are English-like, of the lengths chat traffic has.
 
-Reported per policy: the prefix-cache hit rate (usage cached_tokens over prompt_tokens, all requests), time to first
-token (the first event with content; mean, p50, p90), the requests each instance served, and the wall time.
+Reported per policy: the prefix-cache hit rate (usage cached_tokens over prompt_tokens, all requests), the prompt
+tokens prefilled per request, time to first token (the first event with content; mean, p50, p90), the requests each
+instance served and why the router chose it (X-Pantheon-Route), the wall time, and per turn the mean TTFT and
+prefilled tokens.
 
 Run: .venv/bin/python bench/cache_routing.py [--models DIR] [--policies least_busy,cache_aware] [--concurrency 8]
-[--conversations 32] [--turns 6] [--systems 4] [--max-tokens 64]
+[--conversations 32] [--turns 6] [--systems 4] [--max-tokens 64] [--think-s 2] [--threads 1]
 """
 
 from __future__ import annotations

@@ -193,7 +193,6 @@ async def _answer(router: FleetRouter, route: RouteRequest, choice: Choice, upst
         await upstream.aclose()
         router.policy.end(choice)
     await router.policy.served(route, choice, cached_tokens=_cached_tokens(content))
-    session_relay.after_turn(router, route, choice)
     return HttpResponse(content, status=upstream.status_code, headers=headers)
 
 
@@ -230,7 +229,6 @@ async def _relay(router: FleetRouter, route: RouteRequest, choice: Choice, upstr
         await upstream.aclose()
         router.policy.end(choice)
     await router.policy.served(route, choice, cached_tokens=_cached_tokens(last))
-    session_relay.after_turn(router, route, choice)
 
 
 def _error_event(error: InstanceFailed, *, responses: bool, sequence_number: int) -> bytes:

@@ -4,9 +4,9 @@
   fleet/session_store.py; the least busy when none does, which answers the instance's own 404), and the session file
   it answers with when asked for one (`Accept: application/octet-stream`; the JSON form is passed back, not kept) is
   kept as the session's restore point (PANTHEON_ROUTER_EXPORT_MAX_BYTES, PANTHEON_ROUTER_SESSION_TTL_S).
-- With PANTHEON_ROUTER_EXPORT_EACH_TURN the router exports a session itself after each of its turns (in the
-  background, as the router: the fleet token), so every session has a restore point; off by default, since each
-  export copies the session's whole KV (megabytes to gigabytes) from the instance into Redis, every turn.
+- The router never exports a session on its own: an export is the session's whole KV (megabytes to gigabytes), and
+  copying it into Redis after every turn would cost every session what only an instance's loss repays. A client or
+  operator that wants a restore point exports through the router when it chooses (docs/fleet.md).
 - A turn whose session re-homes (its instance gone) with a kept file is preceded by `POST /session/restore` of that
   file on the new instance, so the turn finds its history there (usage cached_tokens > 0); without a file, or when the
   restore fails, the turn prefills it again (cached_tokens 0).
@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -33,13 +32,12 @@ logger = logging.getLogger("pantheon.fleet")
 
 RAW_BODY = "application/octet-stream"  # a session file's media type (inference/api/sessions.py)
 _PASSED = ("authorization", "accept", "content-type", "x-pantheon-actor")  # what an export or restore passes on
-_background: set[asyncio.Task] = set()  # the exports after turns still running (a reference keeps each alive)
 
 
 def _headers(request, *, as_router: bool, **extra: str) -> dict[str, str]:
     """The request's id, and either the client's credentials and media types (an export passed through: the instance
     checks the client's own operator token, as it would called directly) or, for what the router does on its own
-    account (a restore, an export after a turn), the fleet token alone."""
+    account (a restore), the fleet token alone."""
     headers = {}
     if request is not None:
         if not as_router:
@@ -109,29 +107,6 @@ async def _keep(router, model_id: str, session_key: str, response: httpx.Respons
     data = response.content
     if not await router.policy.exported(model_id, session_key, data):
         logger.info("a session's export (%d bytes) is over PANTHEON_ROUTER_EXPORT_MAX_BYTES: not kept", len(data))
-
-
-def after_turn(router, route: RouteRequest, choice: Choice) -> None:
-    """A session's turn ended on `choice.instance`: with PANTHEON_ROUTER_EXPORT_EACH_TURN, its export is fetched and
-    kept in the background."""
-    if route.session_key and settings.PANTHEON_ROUTER_EXPORT_EACH_TURN:
-        task = asyncio.ensure_future(_export_turn(router, route, choice.instance))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
-
-
-async def _export_turn(router, route: RouteRequest, instance: InstanceRecord) -> None:
-    body = {"name": route.model_id, "session_id": route.session_key}
-    try:
-        response = await router.client.post(f"{instance.report.endpoint}/admin/session/export", json=body,
-                                            headers=_headers(None, as_router=True, Accept=RAW_BODY))  # fmt: skip
-    except httpx.HTTPError as exc:
-        logger.warning("exporting a session after its turn failed: %s", type(exc).__name__)
-        return
-    if response.status_code == 200:
-        await _keep(router, route.model_id, route.session_key, response)
-    else:
-        logger.warning("exporting a session after its turn failed: HTTP %s", response.status_code)
 
 
 def _only_model(live: list[InstanceRecord]) -> str:

@@ -506,6 +506,3 @@ PANTHEON_ROUTER_SESSION_TTL_S = _env_float("PANTHEON_ROUTER_SESSION_TTL_S", PANT
 PANTHEON_ROUTER_EXPORT_MAX_BYTES = _env_int("PANTHEON_ROUTER_EXPORT_MAX_BYTES", 256 * 1024**2)
 # A serve instance that registers with a router reports this many chunk hashes of the prompts it served (0: none).
 PANTHEON_FLEET_PREFIX_REPORT = _env_int("PANTHEON_FLEET_PREFIX_REPORT", 2048)
-# Whether a router exports a session itself after each of its turns (as the router, with the fleet token) and keeps
-# the file to restore it elsewhere: every session gets a restore point, at the cost of copying its whole KV each turn.
-PANTHEON_ROUTER_EXPORT_EACH_TURN = _env_bool("PANTHEON_ROUTER_EXPORT_EACH_TURN", False)
