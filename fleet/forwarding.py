@@ -51,7 +51,7 @@ ROUTE_HEADER = "X-Pantheon-Route"  # and why the policy chose it: session, rehom
 # Neither forwarded nor passed back: they describe one connection, not the request (RFC 9110 7.6.1), or are set anew.
 _NOT_PASSED = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
-     "upgrade", "host", "content-length", FLEET_TOKEN_HEADER.lower(), REQUEST_ID_HEADER.lower()}
+     "upgrade", "host", "content-length", FLEET_TOKEN_HEADER.lower(), REQUEST_ID_HEADER.lower(), "server", "date"}
 )  # fmt: skip
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _DONE = b"data: [DONE]"
@@ -144,7 +144,8 @@ def _upstream_request(router: FleetRouter, request, path: str, choice: Choice) -
     if settings.PANTHEON_FLEET_TOKEN:
         headers[FLEET_TOKEN_HEADER] = settings.PANTHEON_FLEET_TOKEN
     if client := request.META.get("REMOTE_ADDR"):
-        headers["X-Forwarded-For"] = client
+        earlier = headers.pop("X-Forwarded-For", "")  # a proxy in front of the router: this hop is appended
+        headers["X-Forwarded-For"] = f"{earlier}, {client}" if earlier else client
     url = f"{choice.instance.report.endpoint}/{path}"
     return router.client.build_request(request.method, url, params=request.GET, content=request.body, headers=headers)
 

@@ -95,12 +95,20 @@ def clear_registry(redis_url: str) -> None:
 
 
 def load_model(server: PantheonServer, gguf: Path, name: str = MODEL, options: dict | None = None) -> None:
-    """Loads the GGUF on `server` as `manage.py load_model` does: with the run file's local credential (and the
-    load's `options`, e.g. max_sessions)."""
+    """Loads the GGUF on `server` (with the load's `options`, e.g. max_sessions) as `manage.py load_model` does, with
+    the run file's local credential, and returns once it serves it. The instances share the catalogue: one that
+    starts after another's load catalogued the model (with those options) autoloads it, and then this load is refused
+    as already loading (or loaded), which is as good."""
     secret = server.run_file()["admin_secret"]
     answer = httpx.post(server.url + "/admin/models/load", json={"path": str(gguf), "name": name, **(options or {})},
                         headers=bearer(secret), timeout=120)  # fmt: skip
-    assert answer.status_code == 200, answer.text
+    assert answer.status_code == 200 or "already" in answer.json()["error"]["message"], answer.text
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if name in {row["id"] for row in httpx.get(server.url + "/v1/models", timeout=10).json()["data"]}:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{server.url} does not serve {name} {START_TIMEOUT_S} s after its load:\n{server.log()}")
 
 
 class Fleet:

@@ -33,8 +33,11 @@ def client_of(url: str) -> openai.OpenAI:
 
 def test_the_openai_package_completes_through_the_router(fleet):
     client = client_of(fleet.routers[0].url)
-    reply = client.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=8)
+    reply = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=8, extra_headers={"X-Request-ID": "fleet-request-1"}
+    )
     assert reply.headers["x-pantheon-instance"] in {instance_id(server) for server in fleet.instances}
+    assert reply.headers["x-request-id"] == "fleet-request-1"
     assert reply.parse().choices[0].message.content
     assert reply.parse().usage.completion_tokens == 8
 
@@ -107,7 +110,11 @@ def test_each_router_forwards_to_both_instances_and_a_client_leaving_aborts_upst
     streams held open at once to the two instances. Closing them closes the instances' streams, which abort the
     generations: fewer tokens are generated than asked for."""
     before = sum(completion_tokens(server) for server in fleet.instances)
+    capacity = sum(r["max_concurrent"] for s in fleet.instances for r in httpx.get(s.url + "/v1/models").json()["data"])
     for router in fleet.routers:
+        # Until both instances have reported themselves idle again, a report from while the last streams ran could
+        # make the busier one look the idler.
+        wait_for(lambda: router.models()[MODEL]["free_slots"] == capacity)  # noqa: B023
         client = client_of(router.url)
         with contextlib.ExitStack() as streams:
             chosen = set()
