@@ -31,7 +31,9 @@ import httpx
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 
+from fleet import session_relay
 from fleet.contract import Choice, RouteRequest
+from fleet.prefix_hashes import prefix_text
 from fleet.router import FleetRouter
 from pantheon_site.errors import (
     InstanceFailed,
@@ -45,6 +47,7 @@ from pantheon_site.fleet_credential import FLEET_TOKEN_HEADER
 from pantheon_site.request_ids import REQUEST_ID_HEADER
 
 INSTANCE_HEADER = "X-Pantheon-Instance"  # on every forwarded answer: the instance id that answered
+ROUTE_HEADER = "X-Pantheon-Route"  # and why the policy chose it: session, rehome, prefix or least_busy
 # Neither forwarded nor passed back: they describe one connection, not the request (RFC 9110 7.6.1), or are set anew.
 _NOT_PASSED = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
@@ -72,6 +75,8 @@ async def forward(router: FleetRouter, request, path: str) -> HttpResponse:
         choice = await router.policy.choose(route, candidates)
         instance_id = choice.instance.report.instance_id
         router.policy.begin(choice)
+        if choice.restore_file is not None:  # a re-homed session: its last export first (fleet/session_relay.py)
+            await session_relay.restore(router, route, choice, request)
         try:
             sent = router.client.send(_upstream_request(router, request, path, choice), stream=True)
             upstream = await _watched(router, instance_id, sent)
@@ -101,37 +106,8 @@ def route_request(body: dict[str, Any], headers) -> RouteRequest:
     return RouteRequest(
         model_id=model if isinstance(model, str) else "",
         session_key=session if isinstance(session, str) else None,
-        prefix_text=prompt_text(body),
+        prefix_text=prefix_text(body),
     )
-
-
-def prompt_text(body: dict[str, Any]) -> str:
-    """The request's prompt in the order a model reads it: the instructions and messages (role, then content), or
-    the completion prompt, or the responses input."""
-    parts: list[str] = []
-    if isinstance(body.get("instructions"), str):
-        parts.append(f"system\n{body['instructions']}\n")
-    turns = body.get("messages") if "messages" in body else body.get("input")
-    if isinstance(turns, str):
-        parts.append(f"user\n{turns}\n")
-    elif isinstance(turns, list):
-        for turn in turns:
-            if isinstance(turn, dict):
-                parts.append(f"{turn.get('role', 'user')}\n{_content_text(turn.get('content'))}\n")
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        parts.append(prompt)
-    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        parts.append(prompt[0])
-    return "".join(parts)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:
@@ -198,6 +174,7 @@ async def _watched(router: FleetRouter, instance_id: str, awaitable: Awaitable):
 def _passed_headers(upstream: httpx.Response, choice: Choice) -> dict[str, str]:
     headers = {name: value for name, value in upstream.headers.items() if name.lower() not in _NOT_PASSED}
     headers[INSTANCE_HEADER] = choice.instance.report.instance_id
+    headers[ROUTE_HEADER] = choice.why
     return headers
 
 

@@ -483,3 +483,26 @@ PANTHEON_FLEET_TOKEN = _env_str("PANTHEON_FLEET_TOKEN", "")
 PANTHEON_FLEET_REDIS_URL = _env_str("PANTHEON_FLEET_REDIS_URL", REDIS_URL).strip()
 # The endpoint an instance advertises (default: http://host:port of serve), for a router that reaches it elsewhere.
 PANTHEON_PUBLIC_URL = _env_str("PANTHEON_PUBLIC_URL", "").strip().rstrip("/")
+
+# --- the router's routing policy: session affinity and cache-aware routing (fleet/routing.py; docs/fleet.md) ---
+# cache_aware (the longest cached prefix, balanced against load) or least_busy (load alone). Sessions stick either way.
+PANTHEON_ROUTER_POLICY = _env_str("PANTHEON_ROUTER_POLICY", "cache_aware")
+if PANTHEON_ROUTER_POLICY not in ("cache_aware", "least_busy"):
+    raise ImproperlyConfigured(
+        f"PANTHEON_ROUTER_POLICY must be cache_aware or least_busy; got {PANTHEON_ROUTER_POLICY}"
+    )
+# The share of a prompt an instance must hold as a prefix for cache-aware routing to prefer it over the least busy.
+PANTHEON_ROUTER_PREFIX_THRESHOLD = _env_float("PANTHEON_ROUTER_PREFIX_THRESHOLD", 0.3)
+# Load is imbalanced, and cache-aware routing sends to the least busy, when the busiest instance has more than this
+# many requests over the idlest AND more than PANTHEON_ROUTER_BALANCE_RATIO times as many.
+PANTHEON_ROUTER_BALANCE_ABS = _env_int("PANTHEON_ROUTER_BALANCE_ABS", 64)
+PANTHEON_ROUTER_BALANCE_RATIO = _env_float("PANTHEON_ROUTER_BALANCE_RATIO", 1.5)
+# Prompt chunk hashes a router keeps per instance of what it routed there (least recently routed dropped first).
+PANTHEON_ROUTER_PREFIX_CAPACITY = _env_int("PANTHEON_ROUTER_PREFIX_CAPACITY", 65536)
+# How long a router keeps a session's instance and its last export after its last turn: by default as long as an
+# instance keeps an idle session.
+PANTHEON_ROUTER_SESSION_TTL_S = _env_float("PANTHEON_ROUTER_SESSION_TTL_S", PANTHEON_SESSION_IDLE_TTL_S)
+# The largest session file a router keeps from an export that passes through it, to restore the session elsewhere.
+PANTHEON_ROUTER_EXPORT_MAX_BYTES = _env_int("PANTHEON_ROUTER_EXPORT_MAX_BYTES", 256 * 1024**2)
+# A serve instance that registers with a router reports this many chunk hashes of the prompts it served (0: none).
+PANTHEON_FLEET_PREFIX_REPORT = _env_int("PANTHEON_FLEET_PREFIX_REPORT", 2048)

@@ -29,6 +29,7 @@ import msgspec
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
+from fleet.prefix_hashes import record_served
 from inference.api.completion_bodies import millm_model, refused_stream
 from inference.api.priority import request_priority
 from inference.engine.contract import messages as p
@@ -99,6 +100,8 @@ async def run_generation(request, run: GenerationRun) -> HttpResponse:
                 return StreamingHttpResponse(refused_stream(error), content_type="text/event-stream",
                                              headers=SSE_HEADERS)  # fmt: skip
             raise error from exc
+        if settings.PANTHEON_REGISTRY_URL:
+            record_served(placement.served_name, request.body)  # what the heartbeat reports (fleet/prefix_hashes.py)
         if run.stream:
             streaming = True
             body = counted(router, placement, run.events(generations))

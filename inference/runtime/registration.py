@@ -24,6 +24,7 @@ import msgspec
 from django.conf import settings
 
 from fleet.contract import InstanceReport
+from fleet.prefix_hashes import served_prefixes
 from inference.engine.contract import messages as p
 from inference.runtime.client_protocol import EngineClient, ModelPlacement
 
@@ -128,7 +129,7 @@ class RegistrationAgent:
             instance_id=f"{self.address}:{name}", model_id=name, endpoint=self.endpoint,
             node_id=settings.PANTHEON_NODE_ID, transport=settings.PANTHEON_REGISTRY_TRANSPORT,
             capacity=load.capacity, in_flight=load.in_flight, free_slots=load.free_slots,
-            context_window=load.context_window, epoch=epoch,
+            context_window=load.context_window, epoch=epoch, cached_prefixes=served_prefixes(name).report(epoch),
         )  # fmt: skip
 
     async def _report(self, report: InstanceReport) -> None:

@@ -16,12 +16,12 @@ def start_fleet(serving_db, tmp_path_factory, stories_gguf_path):  # noqa: F811
     shows them all live. Returns the Fleet; everything stops at the end of the module."""
     fleets: list[Fleet] = []
 
-    def start(instances: int = 2, routers: int = 1, **env: str) -> Fleet:
+    def start(instances: int = 2, routers: int = 1, load_options: dict | None = None, **env: str) -> Fleet:
         fleet = Fleet(tmp_path_factory, stories_gguf_path)
         fleets.append(fleet)
         for _ in range(routers):
             fleet.start_router(**env)
-        fleet.start_instances(instances, fleet.routers[0], **env)
+        fleet.start_instances(instances, fleet.routers[0], load_options=load_options, **env)
         for router in fleet.routers:
             fleet.wait_live(router, instances)
         return fleet

@@ -94,12 +94,13 @@ def clear_registry(redis_url: str) -> None:
         store.close()
 
 
-def load_model(server: PantheonServer, gguf: Path, name: str = MODEL) -> None:
-    """Loads the GGUF on `server` as `manage.py load_model` does, with the run file's local credential, and returns
-    once it serves it. The instances share the catalogue: one that starts after another's load catalogued the model
-    autoloads it, and then this load is refused as already loading (or loaded), which is as good."""
+def load_model(server: PantheonServer, gguf: Path, name: str = MODEL, options: dict | None = None) -> None:
+    """Loads the GGUF on `server` (with the load's `options`, e.g. max_sessions) as `manage.py load_model` does, with
+    the run file's local credential, and returns once it serves it. The instances share the catalogue: one that
+    starts after another's load catalogued the model (with those options) autoloads it, and then this load is refused
+    as already loading (or loaded), which is as good."""
     secret = server.run_file()["admin_secret"]
-    answer = httpx.post(server.url + "/admin/models/load", json={"path": str(gguf), "name": name},
+    answer = httpx.post(server.url + "/admin/models/load", json={"path": str(gguf), "name": name, **(options or {})},
                         headers=bearer(secret), timeout=120)  # fmt: skip
     assert answer.status_code == 200 or "already" in answer.json()["error"]["message"], answer.text
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -127,9 +128,10 @@ class Fleet:
         self.routers.append(router)
         return router.start()
 
-    def start_instances(self, count: int, registry: RouterProcess | str, *, model: str = MODEL, **env: str):
+    def start_instances(self, count: int, registry: RouterProcess | str, *, model: str = MODEL,
+                        load_options: dict | None = None, **env: str):  # fmt: skip
         """Starts `count` instances at once, registering with `registry` (a router, or its URL), each serving the
-        GGUF as `model`."""
+        GGUF as `model` (loaded with `load_options`)."""
         url = registry if isinstance(registry, str) else registry.url
         servers = []
         for _ in range(count):
@@ -137,7 +139,7 @@ class Fleet:
             servers.append(PantheonServer(data_dir, instance_env(data_dir, url, **env)))
         self.instances += servers
         with concurrent.futures.ThreadPoolExecutor(count) as pool:
-            list(pool.map(lambda server: load_model(server.start(), self.gguf, model), servers))
+            list(pool.map(lambda server: load_model(server.start(), self.gguf, model, load_options), servers))
         return servers
 
     def wait_live(self, router: RouterProcess, count: int, model: str = MODEL, timeout: float = 60.0) -> dict:
