@@ -7,7 +7,6 @@ engine, such as `runserver`: a page then shows nothing served), reads the rows t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from inference.runtime.client_protocol import installed_client
@@ -64,43 +63,3 @@ def chart_series() -> dict[str, Any]:
     if history is None or router is None:
         return {"interval_s": None, "window_s": None, "t": [], "models": {}}
     return history.series(sorted(router.placements()))
-
-
-@dataclass(slots=True, frozen=True)
-class ServedLoad:
-    """One served name's load over its ready replicas, what the fleet's registration agent reports to a router
-    (fleet/contract.py's InstanceReport): `capacity` sums their max_concurrent, `in_flight` their running plus
-    waiting sequences, `free_slots` is capacity less in_flight (never below 0), and `context_window` is the smallest
-    of their windows (None while one is unknown)."""
-
-    capacity: int
-    in_flight: int
-    free_slots: int
-    context_window: int | None
-
-
-async def served_loads(router: ModelRouter) -> dict[str, ServedLoad]:
-    """Each served name's load, from memory and one status round trip (to every worker at once). A replica whose
-    worker did not answer counts the requests the router sent it and its load's numbers; a name with no
-    ready replica (all reloading) is left out."""
-    statuses = await router.client.status()
-    live = {(status.device, model.name): model for status in statuses for model in status.models}
-    sent = router.in_flight()
-    loads: dict[str, ServedLoad] = {}
-    for name in router.serving_names():
-        capacity, in_flight, windows = 0, 0, []
-        ready = [pl for pl in router.replicas(name) if pl.state == "ready" and pl.info is not None]
-        for placement in ready:
-            model = live.get((placement.device, placement.name))
-            if model is not None:
-                capacity += model.max_concurrent
-                in_flight += model.running + model.waiting
-                windows.append(model.context_window)
-            else:
-                capacity += placement.info.max_concurrent
-                in_flight += sent.get(placement.name, 0)
-                windows.append(placement.info.context_window)
-        if ready:
-            window = None if any(w is None for w in windows) else min(windows)
-            loads[name] = ServedLoad(capacity, in_flight, max(0, capacity - in_flight), window)
-    return loads

@@ -7,8 +7,8 @@ import pytest_asyncio
 
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.runtime.in_process_client import InProcessEngineClient
+from inference.runtime.registration import served_loads
 from inference.runtime.router import ModelRouter
-from inference.services.serving import ServedLoad, served_loads
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -56,6 +56,10 @@ async def test_a_session_stays_on_its_replica_until_that_one_is_gone(router, sto
 
 
 async def test_served_loads_sum_capacity_and_take_the_smallest_window(router):
-    loads = await served_loads(router)
-    assert loads == {"s": ServedLoad(capacity=2 * MAX_CONCURRENT, in_flight=0, free_slots=2 * MAX_CONCURRENT,
-                                     context_window=256)}  # fmt: skip
+    client = router.client
+    loads = served_loads(client.models(), await client.status(), client.workers())
+    assert list(loads) == ["s"]  # the two replicas report as one served name
+    load = loads["s"]
+    assert (load.capacity, load.in_flight, load.free_slots, load.context_window) == (
+        2 * MAX_CONCURRENT, 0, 2 * MAX_CONCURRENT, 256
+    )  # fmt: skip
