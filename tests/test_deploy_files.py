@@ -29,19 +29,6 @@ KUSTOMIZATIONS = [
 COMPOSE = DEPLOY / "compose.yaml"
 # The router serves its own URL configuration (`manage.py router`).
 ROUTER_URLCONF = "fleet.urls"
-# What the deploy files name that lands from the fleet's other branches (the router, serve's registration with it).
-# Checked like the rest once it exists; test_names_waiting_for_the_fleet_have_not_landed fails for any that has, so
-# this set empties itself as they merge.
-LANDING = {
-    "router",
-    "fleet.urls",
-    "PANTHEON_REGISTRY_URL",
-    "PANTHEON_REGISTRY_HEARTBEAT_S",
-    "PANTHEON_REGISTRY_TIMEOUT_S",
-    "PANTHEON_FLEET_TOKEN",
-    "PANTHEON_PUBLIC_URL",
-    "PANTHEON_NODE_ID",
-}
 EXPECTED_COMPOSE_SERVICES = {
     "postgres",
     "redis",
@@ -175,9 +162,6 @@ def test_every_probe_path_is_a_route_of_the_process_it_probes(where, process, pa
         response = Client().get(path)
         assert response.status_code == 200, f"{where}: GET {path} answered {response.status_code}"
     elif process == "router":
-        if _missing_module(ROUTER_URLCONF):
-            assert ROUTER_URLCONF in LANDING
-            return
         try:
             resolve(path, urlconf=ROUTER_URLCONF)
         except Resolver404:
@@ -186,19 +170,12 @@ def test_every_probe_path_is_a_route_of_the_process_it_probes(where, process, pa
         pytest.fail(f"{where}: probes {path} on a process that is neither serve nor the router")
 
 
-def _missing_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is None
-    except ModuleNotFoundError:
-        return True
-
-
 def test_every_manage_py_command_exists():
     words = [command_words(c.get("command", []) + c.get("args", [])) for _, c in containers()]
     words += [command_words(s.get("command")) for s in compose()["services"].values()]
     named = {command for w in words for command in manage_commands(w)}
     assert {"serve", "migrate", "create_token", "load_model", "router"} <= named  # the parse found them
-    assert named - set(get_commands()) - LANDING == set()
+    assert named - set(get_commands()) == set()
 
 
 def test_pantheon_containers_keep_the_images_entrypoint():
@@ -222,7 +199,7 @@ def test_every_pantheon_variable_in_the_deploy_files_is_a_setting():
     settings_text = (REPO_ROOT / "pantheon_site" / "settings.py").read_text()
     read = set(re.findall(r"[\"'](PANTHEON_[A-Z0-9_]+)[\"']", settings_text))
     used = {name: path for path, text in deploy_texts().items() for name in re.findall(r"\bPANTHEON_[A-Z0-9_]+", text)}
-    unknown = {name: path for name, path in used.items() if name not in read and name not in LANDING}
+    unknown = {name: path for name, path in used.items() if name not in read}
     assert unknown == {}
 
 
@@ -270,12 +247,3 @@ def test_the_compose_file_runs_a_router_two_instances_and_their_services():
         assert targets >= {"/data", "/files", "/models"}
     assert services["instance-1"]["volumes"][0] != services["instance-2"]["volumes"][0]  # a data folder each
     assert all("healthcheck" in services[n] for n in EXPECTED_COMPOSE_SERVICES - {"setup", "celery-beat"})
-
-
-def test_names_waiting_for_the_fleet_have_not_landed():
-    """Once a name in LANDING exists in the project, take it out of LANDING so it is checked like the rest."""
-    settings_text = (REPO_ROOT / "pantheon_site" / "settings.py").read_text()
-    landed = {n for n in LANDING if n.startswith("PANTHEON_") and re.search(rf"[\"']{n}[\"']", settings_text)}
-    landed |= {n for n in LANDING if n in get_commands()}
-    landed |= {n for n in LANDING if "." in n and not _missing_module(n)}
-    assert landed == set()
