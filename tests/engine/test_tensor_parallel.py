@@ -16,6 +16,7 @@ from inference.engine.weights.served_weights import attach_refusal
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and", "Lily had a red ball. She"]
 WINDOW = 256
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside with her mom and dad."
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_two_ranks_decode_the_greedy_ids_of_one(one_rank, two_ranks, prompt):
 
 def test_a_batched_step_with_a_prefix_cache_hit_matches_one_rank(one_rank, two_ranks):
     tok = one_rank.tokenizer
-    first = tok.encode("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her mom and dad every day.")
+    first = tok.encode(STORY)
     assert len(first) >= 32  # two full blocks, both named once prefilled
     second = first[:20] + tok.encode(" and a big dog", add_special_tokens=False)
     expected, reused_one = batched(one_rank, first, second)

@@ -26,7 +26,14 @@ from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear
-from inference.engine.parallel.shard import Shard, ShardTensors, check_split, make_row_parallel, shard_config
+from inference.engine.parallel.shard import (
+    Shard,
+    ShardTensors,
+    SplitRefused,
+    check_split,
+    make_row_parallel,
+    shard_config,
+)
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import Int4Linear
 from inference.engine.quant.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -78,7 +85,7 @@ def load_model(
     built, tensors = config, read.tensors
     if shard is not None:
         if read.keep is not None or quantize or attachable:
-            raise LoadError(path, SHARD_FORMS)
+            raise SplitRefused(path, SHARD_FORMS)
         check_split(path, config, shard.ranks)
         built, tensors = shard_config(config, shard.ranks), ShardTensors(config, tensors, shard.rank, shard.ranks)
     model = build_model(

@@ -44,6 +44,11 @@ class Shard:
     group: AllReduce
 
 
+class SplitRefused(LoadError, ValueError):
+    """A split the model or the load's other options cannot take: the operator's request to change (the worker
+    answers bad_checkpoint, 400), not a failure."""
+
+
 def split_problem(config: ModelConfig, ranks: int) -> str | None:
     """Why a model of `config` cannot be cut into `ranks` equal parts, or None when it can."""
     sizes = {
@@ -56,9 +61,9 @@ def split_problem(config: ModelConfig, ranks: int) -> str | None:
 
 
 def check_split(path: str | Path, config: ModelConfig, ranks: int) -> None:
-    """LoadError naming what does not divide, before any weight is read."""
+    """SplitRefused naming what does not divide, before any weight is read."""
     if (problem := split_problem(config, ranks)) is not None:
-        raise LoadError(Path(path), problem)
+        raise SplitRefused(Path(path), problem)
 
 
 def shard_config(config: ModelConfig, ranks: int) -> ModelConfig:
