@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import pickle
+import subprocess
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from inference.engine.contract import messages as p
 from inference.engine.kv.kv_cache import CacheView, KVCache, PoolChange
 from inference.engine.model.transformer import Transformer
 
@@ -31,6 +35,9 @@ from inference.engine.model.transformer import Transformer
 # processes end a follower whose rank 0 has gone (follower.py), so the wait needs no bound of its own.
 WAIT_FOR_STEPS = datetime.timedelta(days=3650)
 LOOPBACK = "127.0.0.1"
+FOLLOWER_EXIT_S = 30.0  # how long a closed follower may take to exit before it is killed
+
+log = logging.getLogger("pantheon.worker")
 
 
 def open_store(port: int, ranks: int, *, master: bool) -> dist.TCPStore:
@@ -127,3 +134,41 @@ def follow_steps(group: RankGroup, model: Transformer, cache: KVCache) -> int:
         model.forward(plan.tokens.to(cache.device), cache, views, select=select, hidden=True)
         steps += 1
     return steps
+
+
+@dataclass(slots=True)
+class SplitRanks:
+    """The follower ranks of a split model as rank 0 holds them."""
+
+    ranks: int
+    group: RankGroup
+    followers: list[subprocess.Popen] = field(default_factory=list)
+    sink: StepBroadcast | None = None  # set once every rank has joined
+    closed: bool = False
+
+    @property
+    def follower_pids(self) -> list[int]:
+        return [proc.pid for proc in self.followers]
+
+    def report(self) -> p.TensorParallel:
+        """What LOADED says of the split (/admin/models shows it)."""
+        return p.TensorParallel(ranks=self.ranks, backend=self.group.backend, follower_pids=self.follower_pids)
+
+    def close(self) -> None:
+        """Ends the followers: told to stop when they serve, else (or when they do not exit) killed; and waited for."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.sink is not None and all(proc.poll() is None for proc in self.followers):
+            try:
+                self.sink.close()
+            except RuntimeError:  # a follower went meanwhile: the others are killed below
+                log.warning("tensor-parallel ranks: a follower left before the close", exc_info=True)
+        for proc in self.followers:
+            try:
+                proc.wait(timeout=FOLLOWER_EXIT_S if self.sink is not None else 0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.info("tensor-parallel ranks ended: followers %s exited %s", self.follower_pids,
+                 [proc.returncode for proc in self.followers])  # fmt: skip

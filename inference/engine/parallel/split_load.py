@@ -15,24 +15,22 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from inference.engine.contract import messages as p
 from inference.engine.errors import LoadError
 from inference.engine.kv_budget import read_config
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import load_model
-from inference.engine.parallel.ranks import RankGroup, StepBroadcast, open_store
+from inference.engine.parallel.ranks import RankGroup, SplitRanks, StepBroadcast, open_store
 from inference.engine.parallel.shard import Shard, check_split
 
 log = logging.getLogger("pantheon.worker")
 
 READY_POLL_S = 0.05  # how often rank 0 looks for the followers' "ready" while they load
-FOLLOWER_EXIT_S = 30.0  # how long a closed follower may take to exit before it is killed
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,44 +61,6 @@ def rank_device(device: str, rank: int, ranks: int) -> str:
             device, f"tensor_parallel {ranks} from {device} needs CUDA devices {first}..{first + ranks - 1}"
         )
     return f"cuda:{first + rank}"
-
-
-@dataclass(slots=True)
-class SplitRanks:
-    """The follower ranks of a split model as rank 0 holds them."""
-
-    ranks: int
-    group: RankGroup
-    followers: list[subprocess.Popen] = field(default_factory=list)
-    sink: StepBroadcast | None = None  # set once every rank has joined
-    closed: bool = False
-
-    @property
-    def follower_pids(self) -> list[int]:
-        return [proc.pid for proc in self.followers]
-
-    def report(self) -> p.TensorParallel:
-        """What LOADED says of the split (/admin/models shows it)."""
-        return p.TensorParallel(ranks=self.ranks, backend=self.group.backend, follower_pids=self.follower_pids)
-
-    def close(self) -> None:
-        """Ends the followers: told to stop when they serve, else (or when they do not exit) killed; and waited for."""
-        if self.closed:
-            return
-        self.closed = True
-        if self.sink is not None and all(proc.poll() is None for proc in self.followers):
-            try:
-                self.sink.close()
-            except RuntimeError:  # a follower went meanwhile: the others are killed below
-                log.warning("tensor-parallel ranks: a follower left before the close", exc_info=True)
-        for proc in self.followers:
-            try:
-                proc.wait(timeout=FOLLOWER_EXIT_S if self.sink is not None else 0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.info("tensor-parallel ranks ended: followers %s exited %s", self.follower_pids,
-                 [proc.returncode for proc in self.followers])  # fmt: skip
 
 
 def load_split_model(path: str | Path, ranks: int, *, device: str, **load: Any) -> LoadedModel:
