@@ -62,8 +62,9 @@ def follow(spec: FollowerSpec) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    configure_worker_logging("plain", logging.getLevelName(logging.INFO))
-    return follow(FollowerSpec(**json.loads(argv[0])))
+    spec = FollowerSpec(**json.loads(argv[0]))
+    configure_worker_logging(spec.log_format, spec.log_level)
+    return follow(spec)
 
 
 if __name__ == "__main__":

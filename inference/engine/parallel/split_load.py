@@ -44,6 +44,8 @@ class FollowerSpec:
     device: str
     parent_pid: int
     load: dict[str, Any]  # load_model's keyword arguments, as rank 0 loads with them
+    log_format: str = "plain"  # rank 0's, so the worker's stderr stays one stream of one format
+    log_level: str = "INFO"
 
 
 def ready_key(rank: int) -> str:
@@ -74,7 +76,7 @@ def load_split_model(path: str | Path, ranks: int, *, device: str, **load: Any) 
     try:
         for rank in range(1, ranks):
             spec = FollowerSpec(str(path), rank, ranks, store.port, rank_device(device, rank, ranks),
-                                os.getpid(), _on_the_wire(load))  # fmt: skip
+                                os.getpid(), _on_the_wire(load), *_log_setup())  # fmt: skip
             command = [sys.executable, "-m", "inference.engine.parallel.follower", json.dumps(asdict(spec))]
             split.followers.append(subprocess.Popen(command, env=_follower_env()))
         model = load_model(path, device=device, shard=Shard(0, ranks, split.group), **load)
@@ -95,6 +97,13 @@ def _on_the_wire(load: dict[str, Any]) -> dict[str, Any]:
     """load_model's arguments as JSON can carry them (dtypes by name; the progress counter stays rank 0's)."""
     wire = {k: v for k, v in load.items() if k != "progress"}
     return {k: str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for k, v in wire.items()}
+
+
+def _log_setup() -> tuple[str, str]:
+    """This process's log format and level (contract/logs.py configured them)."""
+    root = logging.getLogger()
+    json_lines = any(type(handler.formatter).__name__ == "JsonFormatter" for handler in root.handlers)
+    return "json" if json_lines else "plain", logging.getLevelName(root.getEffectiveLevel())
 
 
 def _follower_env() -> dict[str, str]:
