@@ -84,6 +84,17 @@ def test_a_batched_step_with_a_prefix_cache_hit_matches_one_rank(one_rank, two_r
     assert got == expected
 
 
+def test_a_gguf_file_expanded_to_float32_splits_too(stories_gguf_path):
+    one = load_model(stories_gguf_path, dtype="float32", max_concurrent=1, context_window=WINDOW)
+    two = load_split_model(stories_gguf_path, 2, device="cpu", dtype="float32", max_concurrent=1,
+                           context_window=WINDOW)  # fmt: skip
+    ids = one.tokenizer.encode(PROMPTS[1])
+    try:
+        assert greedy(two, ids) == greedy(one, ids)
+    finally:
+        two.split.close()
+
+
 def test_each_rank_holds_its_own_heads(one_rank, two_ranks):
     model, whole = two_ranks.runner.model, one_rank.runner.model
     assert model.config.num_heads * 2 == whole.config.num_heads

@@ -55,7 +55,11 @@ def follow(spec: FollowerSpec) -> int:
         apply_step_threads(choose_step_threads(model.config, model.torch_matmuls, threads))
     store.set(ready_key(spec.rank), "ok")
     group.connect()
-    steps = follow_steps(group, model.runner.model, model.runner.cache)
+    try:
+        steps = follow_steps(group, model.runner.model, model.runner.cache)
+    except RuntimeError as exc:  # gloo's word for a peer that closed its end: rank 0's process ended unclosed
+        log.warning("tensor-parallel rank %d of %s: rank 0 is gone (%s)", spec.rank, spec.path, exc)
+        return 1
     log.info("tensor-parallel rank %d of %s: closed after %d steps", spec.rank, spec.path, steps)
     return 0
 
