@@ -211,6 +211,9 @@ class AdminModelSerializer(serializers.Serializer):
     max_concurrent_configured = Int(required=False)
     context_window = Int(required=False)
     context_window_configured = Int(required=False)
+    tensor_parallel = Json(
+        required=False, help_text="A split model's ranks, backend, follower_pids and decode (docs/tensor-parallel.md)"
+    )
     live = Json(required=False)
 
 

@@ -27,9 +27,8 @@ from inference.engine.execution.step_threads import StepThreads
 from inference.engine.grammar import GrammarCompiler, GrammarError
 from inference.engine.kv.session_blob import SessionSnapshot
 from inference.engine.kv_budget import free_memory
-from inference.engine.load_plan import new_scheduler, plan_load
+from inference.engine.load_plan import load_weights, new_scheduler, plan_load, split
 from inference.engine.loaders.loaded import LoadedModel
-from inference.engine.loaders.loading import load_model
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.sampler import SequenceSampling
 from inference.engine.scheduler import Scheduler
@@ -101,8 +100,9 @@ def prompt_text_length(req: p.Submit) -> int:
 def compiles_decode(options: p.LoadOptions, device: str) -> bool:
     """Whether a load compiles its decode step: when the operator asks (`compile`), and always on CUDA, where the
     capture costs under a second and an eager step, bound by kernel launches, is several times slower
-    (docs/performance.md, "GPU check"); as for the option, a failed capture falls back to eager and says why."""
-    return options.compile or torch.device(device).type == "cuda"
+    (docs/performance.md, "GPU check"); as for the option, a failed capture falls back to eager and says why. Never
+    for a split model: its compiled step would leave out the other ranks (docs/tensor-parallel.md)."""
+    return (options.compile or torch.device(device).type == "cuda") and not split(options)
 
 
 class HostedModel:
@@ -175,38 +175,31 @@ class HostedModel:
         before any weight is read)."""
         options, limits = req.options, req.limits
         plan = plan_load(req, device)
-        model = load_model(
-            req.path,
-            attachable=plan.attachable,
-            device=device,
-            dtype=options.dtype or None,
-            kv_dtype=plan.kv_dtype,
-            quantize=options.quantize,
-            max_concurrent=limits.max_concurrent,
-            context_window=plan.window,
-            block_size=limits.block_size,
-            cache_tokens=plan.cache_tokens,
-            progress=progress,
-        )
-        if compiles_decode(options, device):
-            threads = step_threads(model) if step_threads else None
-            # A CUDA capture is left to the worker's loop, between its steps (`warm_up_next`): beside the loop's
-            # launches for other models it would fail them and itself. A CPU compile takes seconds per bucket, too
-            # long to hold the loop; it runs here, and the kernels' pool takes one job at a time.
-            cuda = torch.device(device).type == "cuda"
-            model.runner.compile_decode(threads=threads.torch if threads else None, now=not cuda)
-        hosted = cls(
-            req.name,
-            model,
-            new_scheduler(model, limits, ModelMetrics(req.name)),
-            device=device,
-            min_free_memory=limits.min_free_memory,
-            window_configured=plan.configured,
-            served_name=req.served_name,
-        )
+        model = load_weights(req, plan, device, progress)
+        try:
+            if compiles_decode(options, device):
+                threads = step_threads(model) if step_threads else None
+                # A CUDA capture is left to the worker's loop, between its steps (`warm_up_next`): beside the loop's
+                # launches for other models it would fail them and itself. A CPU compile takes seconds per bucket,
+                # too long to hold the loop; it runs here, and the kernels' pool takes one job at a time.
+                cuda = torch.device(device).type == "cuda"
+                model.runner.compile_decode(threads=threads.torch if threads else None, now=not cuda)
+            scheduler = new_scheduler(model, limits, ModelMetrics(req.name))
+            hosted = cls(req.name, model, scheduler, device=device, min_free_memory=limits.min_free_memory,
+                         window_configured=plan.configured, served_name=req.served_name)  # fmt: skip
+        except BaseException:
+            if model.split is not None:  # the follower ranks go with the load that failed
+                model.split.close()
+            raise
         hosted.reasoning_budget = options.reasoning_budget
         hosted.pooling = options.pooling
         return hosted
+
+    def close(self) -> None:
+        """Ends what the model holds outside this process: a split model's follower ranks. The worker calls it when
+        the model is unloaded, dropped or the worker stops."""
+        if self.model.split is not None:
+            self.model.split.close()
 
     def warm_up_next(self) -> bool:
         """Captures the next bucket of a decode step the load left to the loop (CUDA); whether any remain after it.
@@ -394,6 +387,7 @@ class HostedModel:
             graphs=self.decode_graphs(),
             prefix_cache_bytes=self.prefix_cache_bytes,
             kernels=kernels.active_kernels(),
+            tensor_parallel=model.split.report() if model.split is not None else None,
         )
 
     def record_occupancy(self) -> None:

@@ -1,8 +1,9 @@
 """What a LOAD asks of the memory before the weights are read, and the scheduler it serves with after.
 
 `plan_load` settles the window, the KV pool's dtype and the prefix cache's share from the checkpoint's config and
-the free memory, so a model that cannot fit is refused before any weight is read; `new_scheduler` builds the
-scheduler (and the session table) the load's limits describe. HostedModel.load runs both around load_model.
+the free memory, so a model that cannot fit is refused before any weight is read; `load_weights` loads as planned
+(on one device, or split across ranks: parallel/); `new_scheduler` builds the scheduler (and the session table)
+the load's limits describe. HostedModel.load runs the three.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine.contract import messages as p
-from inference.engine.contract.params import ServingLimits
+from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.errors import LoadError
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.kv_budget import (
@@ -26,7 +27,9 @@ from inference.engine.kv_budget import (
     weight_bytes_estimate,
 )
 from inference.engine.loaders.loaded import LoadedModel
-from inference.engine.loaders.loading import automatic_kv_dtype
+from inference.engine.loaders.loading import automatic_kv_dtype, load_model
+from inference.engine.loaders.progress import ReadProgress
+from inference.engine.parallel.split_load import load_split_model
 from inference.engine.scheduler import Scheduler
 from inference.engine.serving_metrics import ModelMetrics
 
@@ -66,9 +69,33 @@ def plan_load(req: p.Load, device: str) -> LoadPlan:
         window=window,
         kv_dtype=kv_dtype,
         cache_tokens=prefix_cache_bytes(limits.prefix_cache_bytes, budget - windows * per_token) // per_token,
-        # A GGUF file or an int8 load is never attachable, and loads as usual (attach then says why).
-        attachable=limits.attachable and not options.quantize and Path(req.path).is_dir(),
+        # A GGUF file, an int8 load or a split one is never attachable, and loads as usual (attach then says why).
+        attachable=limits.attachable and not options.quantize and Path(req.path).is_dir() and not split(options),
     )
+
+
+def load_weights(req: p.Load, plan: LoadPlan, device: str, progress: ReadProgress | None) -> LoadedModel:
+    """The model as the plan and the load's options say, on one device or split across `tensor_parallel` ranks."""
+    options, limits = req.options, req.limits
+    how = {
+        "attachable": plan.attachable,
+        "dtype": options.dtype or None,
+        "kv_dtype": plan.kv_dtype,
+        "quantize": options.quantize,
+        "max_concurrent": limits.max_concurrent,
+        "context_window": plan.window,
+        "block_size": limits.block_size,
+        "cache_tokens": plan.cache_tokens,
+        "progress": progress,
+    }
+    if split(options):
+        return load_split_model(req.path, options.tensor_parallel, device=device, **how)
+    return load_model(req.path, device=device, **how)
+
+
+def split(options: LoadOptions) -> bool:
+    """Whether the load splits the model across ranks (tensor_parallel 0 and 1 do not)."""
+    return options.tensor_parallel > 1
 
 
 def new_scheduler(model: LoadedModel, limits: ServingLimits, metrics: ModelMetrics) -> Scheduler:

@@ -55,6 +55,8 @@ def answer(
     if sessions is None:
         message = "this model keeps no sessions (sessions are off, or max_sessions is 0)"
         return p.Error(request_id=call.request_id, reason=Reason.SESSIONS_DISABLED, message=message)
+    if isinstance(call, p.SessionExport | p.SessionRestore) and model.split is not None:
+        return p.Error(request_id=call.request_id, reason=Reason.BAD_REQUEST, message=split_kv(model))
     try:
         match call:
             case p.SessionWatch(request_id=rid, session_id=sid, watching=watching):
@@ -88,8 +90,17 @@ def _export(model: LoadedModel, sessions: SessionTable, call: p.SessionExport) -
     )
 
 
+def split_kv(model: LoadedModel) -> str:
+    return (
+        f"session export and restore are not available for a model split across {model.split.ranks} ranks "
+        "(tensor_parallel): each rank holds only its own heads' KV"
+    )
+
+
 def read_restore(model: LoadedModel, call: p.SessionRestore) -> SessionSnapshot | p.Error:
     """The snapshot a restore installs, or the ERROR that refuses it (touches neither the pool nor the sessions)."""
+    if model.split is not None:
+        return p.Error(request_id=call.request_id, reason=Reason.BAD_REQUEST, message=split_kv(model))
     cache = model.runner.cache
     try:
         snapshot = decode_blob(

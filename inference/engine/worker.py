@@ -375,6 +375,8 @@ class Worker(ModelLoading):
             message = "the worker is shutting down"
             self.send(p.Error(request_id=request_id, reason=Reason.SHUTTING_DOWN, message=message))
         self.preparing.clear()
+        for hosted in self.models.values():
+            hosted.close()
         self.models.clear()
         self.loader.shutdown(wait=False, cancel_futures=True)
         self.preparer.shutdown(wait=False, cancel_futures=True)

@@ -79,6 +79,7 @@ class ModelLoading:
                 self.send(p.Error(request_id=req.request_id, reason=_load_reason(exc), message=_load_problem(exc)))
                 continue
             if pending.unload_call:  # dropped here; freed with the last reference to it
+                hosted.close()
                 message = f"model {req.name!r} was unloaded while loading"
                 self.send(p.Error(request_id=req.request_id, reason=Reason.UNLOADED_WHILE_LOADING, message=message))
                 self.send(p.Unloaded(request_id=pending.unload_call, name=req.name, aborted=0))
@@ -135,6 +136,7 @@ class ModelLoading:
             self.requests.pop(seq.request_id, None)
             self.send(p.Error(request_id=seq.request_id, reason=Reason.MODEL_UNLOADED, message=message))
         del self.models[hosted.name]
+        hosted.close()
         if scheduler.metrics is not None:
             scheduler.metrics.unloaded()
         return p.Unloaded(request_id=call.request_id, name=hosted.name, aborted=len(aborted))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from django.conf import settings
 
 from inference.engine.contract import messages as p
@@ -135,6 +136,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "compile": options.compile,
         "graphs": graphs_fields(live.graphs if live else info.graphs if info else None),
         "kernels": info.kernels if info else None,  # the C kernels its worker runs; [] where torch runs all
+        "tensor_parallel": msgspec.structs.asdict(info.tensor_parallel) if info and info.tensor_parallel else None,
         "served_weights": served_weights_fields(placement),
         "loaded_at": int(placement.loaded_at) if placement.loaded_at else None,
         "load_progress": load_progress_fields(placement.load_progress),

@@ -150,6 +150,17 @@ class DecodeGraphs(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown
     fallback_reason: str | None = None
 
 
+class TensorParallel(msgspec.Struct, array_like=True, kw_only=True, forbid_unknown_fields=True):
+    """A model split across `ranks` (engine/parallel/): the all-reduce's `backend` ("gloo" or "nccl") and the
+    process ids of the follower ranks (rank 0 is the worker). Its decode runs the eager forward: no decode plan and
+    no compiled graphs (docs/tensor-parallel.md)."""
+
+    ranks: int
+    backend: str
+    follower_pids: list[int]
+    decode: str = "eager"
+
+
 class Loaded(Message, tag="l"):
     """A LOAD succeeded. `context_window` is the window that fit in memory (every completion's kv_cap);
     `context_window_configured` the one asked for (or the model's default)."""
@@ -181,6 +192,7 @@ class Loaded(Message, tag="l"):
     # The C kernels the worker runs ("block_matmul", "paged_attention", ...; kernels.active_kernels): empty when
     # they are off (PANTHEON_KERNELS=off) or were not built, and torch's ops do all of it.
     kernels: list[str] = msgspec.field(default_factory=list)
+    tensor_parallel: TensorParallel | None = None  # a split model's ranks; None: one device
 
 
 class Unloaded(Message, tag="u"):

@@ -127,9 +127,17 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
             "as CUDA graphs, whatever this says"
         ),
     ] = False
+    tensor_parallel: Annotated[
+        int,
+        Meta(
+            description="the ranks the model is split across (its heads and feed-forward rows), each a process with "
+            "its own share of the weights and KV: CPU processes over gloo, or CUDA devices from the load's on, over "
+            "NCCL (0 or 1: not split; docs/tensor-parallel.md)"
+        ),
+    ] = 1
 
     def __post_init__(self) -> None:
-        for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget"):
+        for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget", "tensor_parallel"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (the default) or positive")
 

@@ -148,7 +148,7 @@ class WeightsSnapshot(msgspec.Struct, array_like=True, kw_only=True):
     last_overrun: dict[str, Any] | None  # {at, commit_ms}: the last late commit-end
     exports_since_start: int
     transition: str | None  # "save" or "load" while one holds the barrier
-    attach_refusal: str | None  # the NOT_ATTACHABLE reason of the model itself (gguf, quantized, dtype, allocator)
+    attach_refusal: str | None  # the model's own NOT_ATTACHABLE reason (tensor_parallel, gguf, quantized, dtype, ...)
     layout: str | None  # how the exported views relate to the engine's storage ("views", "views+repack")
     forward_steps: int  # the scheduler's forward passes so far
 

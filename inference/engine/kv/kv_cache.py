@@ -39,6 +39,9 @@ from inference.engine.kv.long_tensor import long_tensor
 
 ZEROED_AT_ONCE = 64  # blocks zeroed together when a fresh one is first handed out
 
+# A change to the pool's tensors outside a step: ("zero", first, end) or ("copy", to, source, positions)
+PoolChange = tuple[str, int, int] | tuple[str, int, int, int]
+
 
 @dataclass(slots=True)
 class CacheView:
@@ -105,6 +108,7 @@ class KVCache:
         self._gathered = [torch.empty(0, dtype=dtype, device=device) for _ in range(2)]  # keys, values
         self._head_offsets = torch.arange(num_kv_heads, device=device)[:, None] * (num_blocks + 1)  # [Hkv, 1]
         self.paged_decode = kernel_serves(self.device, dtype)  # decode views carry what the kernel reads
+        self.journal: list[PoolChange] | None = None  # the changes made since the last step (see `change`)
 
     @property
     def num_slots(self) -> int:
@@ -155,8 +159,7 @@ class KVCache:
             last = table.blocks[-1]
             if self.pool.refs[last] > 1 or self.pool.is_named(last):
                 copy = self._allocate()
-                for layer in (*self.keys, *self.values):
-                    layer[:, copy] = layer[:, last]
+                self.change(("copy", copy, last, self.block_size))
                 self.pool.release(last)
                 table.blocks[-1] = copy
 
@@ -189,8 +192,7 @@ class KVCache:
                 copy = self._allocate()
             finally:
                 self.pool.release(source)
-            for layer in (*self.keys, *self.values):
-                layer[:, copy, :common] = layer[:, source, :common]
+            self.change(("copy", copy, source, common))
             table.blocks.append(copy)
             table.token_ids += rest[:common]
         self.lookup_tokens += len(token_ids)
@@ -209,6 +211,22 @@ class KVCache:
                 self.pool.name(block, key)
                 table.hashes.append(hash(key))
 
+    @torch.inference_mode()
+    def change(self, op: PoolChange) -> None:
+        """Applies one change to the pool's tensors that is not a step's store: ("zero", first, end) zeroes blocks
+        [first, end), ("copy", to, source, positions) copies a block's first positions into another. Every such
+        change goes through here, so a split model's rank 0 can hand its `journal` to the other ranks, whose pools
+        then hold what its pool holds (parallel/ranks.py)."""
+        if op[0] == "zero":
+            for layer in (*self.keys, *self.values):
+                layer[:, op[1] : op[2]].zero_()
+        else:
+            _, to, source, positions = op
+            for layer in (*self.keys, *self.values):
+                layer[:, to, :positions] = layer[:, source, :positions]
+        if self.journal is not None:
+            self.journal.append(op)
+
     def _table(self, slot: int) -> BlockTable:
         table = self._tables.get(slot)
         if table is None:
@@ -225,8 +243,7 @@ class KVCache:
         block = self.pool.allocate()
         if block >= self._zeroed:
             end = min(self.scratch, max(block + 1, self._zeroed + ZEROED_AT_ONCE))
-            for layer in (*self.keys, *self.values):
-                layer[:, self._zeroed : end].zero_()
+            self.change(("zero", self._zeroed, end))
             self._zeroed = end
         return block
 

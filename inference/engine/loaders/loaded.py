@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from inference.engine.execution.runner import ModelRunner
 from inference.engine.model.config import ModelConfig
 from inference.engine.text.tokenizer import Tokenizer
 from inference.engine.weights.parameter_views import ParameterViews
+
+if TYPE_CHECKING:
+    from inference.engine.parallel.ranks import SplitRanks
 
 
 @dataclass(slots=True)
@@ -30,3 +34,4 @@ class LoadedModel:
     weights_version: int  # identifies these weights as loaded (see weights_version)
     linear_formats: dict[str, int]  # the linear layers' in-memory formats (see linear_formats)
     torch_matmuls: bool  # a large weight's matmul runs on torch's threads (see torch_matmuls)
+    split: SplitRanks | None = None  # rank 0 of a tensor-parallel split: the other ranks (parallel/ranks.py)

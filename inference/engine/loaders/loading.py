@@ -26,6 +26,14 @@ from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.progress import ReadProgress
 from inference.engine.model.config import ModelConfig
 from inference.engine.model.transformer import FloatLinear, PackedLinear, TransposedLinear
+from inference.engine.parallel.shard import (
+    Shard,
+    ShardTensors,
+    SplitRefused,
+    check_split,
+    make_row_parallel,
+    shard_config,
+)
 from inference.engine.quant.block_quant import BlockParts
 from inference.engine.quant.int4 import Int4Linear
 from inference.engine.quant.quantize import DynamicInt8Linear, WeightOnlyInt8Linear
@@ -36,6 +44,10 @@ from inference.engine.weights.parameter_views import ParameterViews
 # A config's max_position_embeddings can be 128k; a KV cache that long for every slot would not fit in memory.
 DEFAULT_MAX_CONTEXT = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHARD_FORMS = (
+    "a tensor-parallel load takes float weights only: no quantize, no attachable layout, and a GGUF file's quantized "
+    "layers expanded (dtype float32)"
+)
 
 
 def load_model(
@@ -51,6 +63,7 @@ def load_model(
     kv_dtype: str | torch.dtype | None = None,
     attachable: bool = False,
     progress: ReadProgress | None = None,
+    shard: Shard | None = None,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
@@ -69,10 +82,19 @@ def load_model(
     read = _read(path, fmt, dtype, keep_quantized=automatic_dtype, progress=progress)
     config, tokenizer = read.config, read.tokenizer
     context = _context_window(path, config, context_window)
+    built, tensors = config, read.tensors
+    if shard is not None:
+        if read.keep is not None or quantize or attachable:
+            raise SplitRefused(path, SHARD_FORMS)
+        check_split(path, config, shard.ranks)
+        built, tensors = shard_config(config, shard.ranks), ShardTensors(config, tensors, shard.rank, shard.ranks)
     model = build_model(
-        config, read.tensors, context_window=context, device=device, dtype=dtype, quantize=quantize,
+        built, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize,
         attachable=attachable, keep=read.keep,
     )  # fmt: skip
+    del tensors
+    if shard is not None:
+        make_row_parallel(model, shard.group)
     eos = read.eos_token_ids()
     del read  # the file's bytes that Q4_K layers were made from go too
     return_freed_memory()
@@ -80,6 +102,8 @@ def load_model(
         model, max_concurrent=max_concurrent, context_window=context, block_size=block_size, cache_tokens=cache_tokens,
         kv_dtype=kv_dtype,
     )  # fmt: skip
+    if shard is not None:
+        runner.plan = None  # its kernel calls would skip the all-reduce (the decode plan is the forward's, lowered)
     return LoadedModel(
         path=path,
         format=fmt,

@@ -270,6 +270,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin_signed", torch.empty(0), persistent=False)
         self.arena: SharedArena | None = None  # holds the weights of an attachable CPU load
+        # rank 0 of a tensor-parallel split: hands each forward pass's plan to the other ranks first (parallel/)
+        self.step_sink: Callable[[torch.Tensor, list[CacheView], torch.Tensor | None], None] | None = None
 
     def forward(
         self,
@@ -288,6 +290,8 @@ class Transformer(nn.Module):
         them, so a prompt's chunk and a batch of decode rows share one pass over the weights; attention runs per
         group, since each has its own shape (a chunk of S positions, or one position per decode row)."""
         # tokens: [T] long; select: [N] long -> logits: [T or N, V]
+        if self.step_sink is not None:
+            self.step_sink(tokens, views, select)
         positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
         x = self.embed.forward(tokens)
         cos, sin_signed = self.rope_rows(views[0].positions.reshape(-1) if positions is None else positions, x.dtype)

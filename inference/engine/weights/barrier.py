@@ -49,7 +49,14 @@ from inference.engine.contract.weights import (
     WeightsTimers,
 )
 from inference.engine.serving_metrics import ModelMetrics
-from inference.engine.weights.barrier_state import Attachment, BarrierHost, Commit, Pending, Refusal
+from inference.engine.weights.barrier_state import (
+    ATTACH_REFUSAL_DETAILS,
+    Attachment,
+    BarrierHost,
+    Commit,
+    Pending,
+    Refusal,
+)
 from inference.engine.weights.barrier_transitions import SaveAndLoad
 
 RELEASE_CONTRACT = (
@@ -168,7 +175,10 @@ class WeightsBarrier(SaveAndLoad):
             message = "a commit is still open; attach again once the watchdog has torn the set"
             raise Refusal(WeightsCode.NOT_ATTACHABLE, message, "weights_writing")
         if (why := self.host.attach_refusal()) is not None:
-            raise Refusal(WeightsCode.NOT_ATTACHABLE, f"model {self.base_name!r} cannot be attached ({why})", why)
+            detail = ATTACH_REFUSAL_DETAILS.get(why, "")
+            raise Refusal(
+                WeightsCode.NOT_ATTACHABLE, f"model {self.base_name!r} cannot be attached ({why}){detail}", why
+            )
         exported = self.host.export()
         now, mono = self.wall(), self.clock()
         self.attachment = Attachment(secrets.token_urlsafe(24), call.role, call.label, now, now, mono)

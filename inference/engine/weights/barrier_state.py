@@ -35,6 +35,13 @@ class BarrierHost(Protocol):
     def write_weights(self, tensors: Any) -> None: ...
 
 
+# What an attach refusal's message adds to its reason, where the reason alone does not say what to do.
+ATTACH_REFUSAL_DETAILS = {
+    "tensor_parallel": ": it is split across ranks, each holding a part of every layer; load it with "
+    "tensor_parallel 1 to attach a trainer",
+}
+
+
 class Refusal(Exception):
     """A call refused with the spec's code; `reason` when the spec names one."""
 

@@ -41,9 +41,13 @@ CUDA_DTYPES = (torch.float16, torch.bfloat16)
 def attach_refusal(model: LoadedModel, *, attachable_load: bool) -> str | None:
     """Why a trainer may not attach to `model`, as the spec's NOT_ATTACHABLE reason, or None when it may.
 
-    `attachable_load` is whether the load was asked to be attachable. Only the reasons the weights themselves
-    decide are answered here; whether serving can be paused is the barrier's to say.
+    `attachable_load` is whether the load was asked to be attachable. A model split across ranks is refused
+    ("tensor_parallel"): a trainer attaches to one process's tensors, and each rank holds only a part of them.
+    Only the reasons the weights themselves decide are answered here; whether serving can be paused is the
+    barrier's to say.
     """
+    if model.split is not None:
+        return "tensor_parallel"
     if model.format == "gguf":
         return "gguf"
     if model.quantized:
