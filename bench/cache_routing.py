@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -145,15 +144,7 @@ class Router:
             time.sleep(0.5)
         raise RuntimeError(f"{instances} instances did not become live at the router")
 
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+    stop = Server.stop  # a child process, its log and its data folder, as a serve's
 
 
 def start_fleet(policy: str, model_dir: Path, slots: int, threads: int) -> tuple[Router, list[Server]]:

@@ -82,12 +82,8 @@ def load_model(
     read = _read(path, fmt, dtype, keep_quantized=automatic_dtype, progress=progress)
     config, tokenizer = read.config, read.tokenizer
     context = _context_window(path, config, context_window)
-    built, tensors = config, read.tensors
-    if shard is not None:
-        if read.keep is not None or quantize or attachable:
-            raise SplitRefused(path, SHARD_FORMS)
-        check_split(path, config, shard.ranks)
-        built, tensors = shard_config(config, shard.ranks), ShardTensors(config, tensors, shard.rank, shard.ranks)
+    plain = read.keep is None and not quantize and not attachable
+    built, tensors = _rank_part(path, config, read.tensors, shard, plain=plain)
     model = build_model(
         built, tensors, context_window=context, device=device, dtype=dtype, quantize=quantize,
         attachable=attachable, keep=read.keep,
@@ -120,6 +116,17 @@ def load_model(
         linear_formats=linear_formats(model),
         torch_matmuls=torch_matmuls(model),
     )
+
+
+def _rank_part(path: Path, config, tensors, shard: Shard | None, *, plain: bool):
+    """The configuration and tensors this rank builds: the whole model's, or its part of a split one (only a plain
+    float load splits: SplitRefused otherwise, and for heads or feed-forward rows the ranks do not divide)."""
+    if shard is None:
+        return config, tensors
+    if not plain:
+        raise SplitRefused(path, SHARD_FORMS)
+    check_split(path, config, shard.ranks)
+    return shard_config(config, shard.ranks), ShardTensors(config, tensors, shard.rank, shard.ranks)
 
 
 @dataclass(slots=True)
