@@ -11,6 +11,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from kombu.exceptions import OperationalError
+from redis import Redis
 
 from batches.models import BatchStatus
 from tests.batches.runner_batches import CeleryWorker, chat_line, ended, make_batch, output_lines, send_task, worker_env
@@ -61,6 +62,7 @@ def test_a_batch_created_while_redis_is_down_runs_once_it_is_back(server, api, r
         # idle first: a worker that holds an unacknowledged message when Redis goes away exits (kombu cannot
         # restore the message without Redis; docs/batches.md), and a service manager would restart it
         wait_for(lambda: "resume_batches" in worker.log() and "succeeded" in worker.log(), timeout=120)
+        wait_for(lambda: unacknowledged(redis.url) == 0)  # its ack can follow the "succeeded" line
         redis.stop()
         batch = make_batch(server.data_dir / "files", [chat_line(f"line-{i}") for i in range(20)])
         with pytest.raises(OperationalError):  # what the batch route meets: its run_batch message is not sent
@@ -73,3 +75,12 @@ def test_a_batch_created_while_redis_is_down_runs_once_it_is_back(server, api, r
     assert batch.status == BatchStatus.COMPLETED and (batch.completed_count, batch.failed_count) == (20, 0)
     output = output_lines(server.data_dir / "files", batch.output_file_id)
     assert sorted(line["custom_id"] for line in output) == sorted(f"line-{i}" for i in range(20))
+
+
+def unacknowledged(url: str) -> int:
+    """Messages a worker has taken and not yet acknowledged (kombu's Redis transport keeps them in "unacked")."""
+    store = Redis.from_url(url)
+    try:
+        return store.hlen("unacked")
+    finally:
+        store.close()
