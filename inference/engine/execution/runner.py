@@ -21,6 +21,11 @@ from inference.engine.model.transformer import Transformer
 
 DEFAULT_BLOCK_SIZE = 16
 
+# How a step's attention reaches the paged KV pool: "gather" copies each group's blocks into a dense tensor for SDPA
+# (on a CPU, decode rows go through the C paged kernel instead); "flex" reads the pool in place with torch's
+# flex_attention, every group of the step in one call (model/page_mask.py).
+ATTENTION_BACKENDS = ("gather", "flex")
+
 
 def pool_blocks(positions: int, block_size: int) -> int:
     """Blocks for `positions` positions."""
@@ -32,7 +37,8 @@ class ModelRunner:
     `context_window`, and `cache_tokens` positions more (whole blocks of them) for the prefix cache: the sequences the
     scheduler runs can always grow to the window, by taking back cached blocks and idle sessions' blocks if need be
     (sessions.py), and what they leave behind stays findable in the rest. The pool holds keys and values in
-    `kv_dtype` (default: the model's dtype); attention computes in the model's dtype whatever the pool's."""
+    `kv_dtype` (default: the model's dtype); attention computes in the model's dtype whatever the pool's, through the
+    `attention` backend (ATTENTION_BACKENDS)."""
 
     def __init__(
         self,
@@ -43,8 +49,12 @@ class ModelRunner:
         block_size: int = DEFAULT_BLOCK_SIZE,
         cache_tokens: int = 0,
         kv_dtype: torch.dtype | None = None,
+        attention: str = "gather",
     ):
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, not {attention!r}")
         config = model.config
+        self.attention = attention
         self.model = model
         self.max_concurrent = max_concurrent
         self.context_window = context_window
