@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import redis
 
-from tests.inference.serving import REPO_ROOT, START_TIMEOUT_S, PantheonServer, bearer, free_port, serving_env
+from tests.inference.serving import START_TIMEOUT_S, PantheonServer, bearer, serving_env
 
 FLEET_TOKEN = "test-fleet-token"
 MODEL = "stories"
@@ -29,44 +26,11 @@ FLEET_REDIS_URL = os.environ.get("PANTHEON_TEST_FLEET_REDIS_URL", "redis://127.0
 FLEET_TIMINGS = {"PANTHEON_REGISTRY_HEARTBEAT_S": "0.3", "PANTHEON_REGISTRY_TIMEOUT_S": "3"}
 
 
-class RouterProcess:
+class RouterProcess(PantheonServer):
     """One `manage.py router` subprocess on `port` (else a free one)."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str], port: int | None = None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = env
-        self.log_path = data_dir / "router.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> RouterProcess:
-        with self.log_path.open("wb") as log:
-            command = [sys.executable, "manage.py", "router", "--port", str(self.port)]
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the router exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"the router did not answer within {START_TIMEOUT_S} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+    command_name = "router"
+    ready_path = "/health"
 
     def models(self) -> dict[str, dict]:
         """The router's /v1/models rows by model id."""
@@ -124,7 +88,7 @@ class Fleet:
 
     def start_router(self, port: int | None = None, **env: str) -> RouterProcess:
         data_dir = self.tmp_path_factory.mktemp("fleet-router")
-        router = RouterProcess(data_dir, router_env(data_dir, self.redis_url, **env), port)
+        router = RouterProcess(data_dir, router_env(data_dir, self.redis_url, **env), port=port)
         self.routers.append(router)
         return router.start()
 

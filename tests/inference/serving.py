@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 import psutil
@@ -41,20 +42,24 @@ def database_url() -> str:
 
 class PantheonServer:
     """One `manage.py serve` subprocess with its own data folder (so its run file is its own); `script`: the
-    README's `scripts/serve` instead, as a new user starts it."""
+    README's `scripts/serve` instead, as a new user starts it. A subclass names another long-running command
+    (`command_name`) and the path that answers 200 once it is up (`ready_path`)."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str], *, script: bool = False):
+    command_name = "serve"
+    ready_path = "/"
+
+    def __init__(self, data_dir: Path, env: dict[str, str], *, script: bool = False, port: int | None = None):
         self.data_dir = data_dir
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = env
-        self.log_path = data_dir / "serve.log"
+        self.log_path = data_dir / f"{self.command_name}.log"
         self.process: subprocess.Popen | None = None
-        self.command = [sys.executable, "manage.py", "serve", "--port", str(self.port)]
+        self.command = [sys.executable, "manage.py", self.command_name, "--port", str(self.port)]
         if script:
             self.command, self.env = ["bash", "scripts/serve"], {**env, "PORT": str(self.port)}
 
-    def start(self) -> PantheonServer:
+    def start(self) -> Self:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command, cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
@@ -62,14 +67,14 @@ class PantheonServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.command_name} exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/", timeout=1).status_code == 200:
+                if httpx.get(self.url + self.ready_path, timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"serve did not answer within {START_TIMEOUT_S} s:\n{self.log()}")
+        raise RuntimeError(f"{self.command_name} did not answer within {START_TIMEOUT_S} s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
