@@ -29,6 +29,7 @@ from inference.engine.kv_budget import (
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
+from inference.engine.parallel.shard import SplitRefused
 from inference.engine.parallel.split_load import load_split_model
 from inference.engine.scheduler import Scheduler
 from inference.engine.serving_metrics import ModelMetrics
@@ -98,12 +99,15 @@ def load_weights(req: p.Load, plan: LoadPlan, device: str, progress: ReadProgres
 
 
 def check_host_cache(path: str, options: LoadOptions) -> None:
-    """LoadError when the load's host tier cannot be: on a split model (its ranks replay rank 0's pool changes from
-    a journal, kv_cache.KVCache.change, which carries no host copies), or larger than the host's free memory."""
+    """Refuses a host tier that cannot be: on a split model (SplitRefused: its ranks replay rank 0's pool changes
+    from a journal, kv_cache.KVCache.change, which carries no host copies), or larger than the host's free memory
+    (MemoryError)."""
     if options.host_cache_mb and split(options):
-        raise LoadError(path, "host_cache_mb needs tensor_parallel 1: a split model's ranks cannot share a host tier")
+        raise SplitRefused(
+            Path(path), "host_cache_mb needs tensor_parallel 1: a split model's ranks share no host tier"
+        )
     if options.host_cache_mb * MIB > free_memory("cpu"):
-        raise LoadError(path, f"host_cache_mb {options.host_cache_mb} exceeds the host's free memory")
+        raise MemoryError(f"host_cache_mb {options.host_cache_mb} exceeds the host's free memory")
 
 
 def split(options: LoadOptions) -> bool:
