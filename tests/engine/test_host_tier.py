@@ -2,7 +2,8 @@
 whose cached blocks move to host memory when other prompts take the pool. A prompt evicted from the pool comes back
 from the tier, as reused tokens, with the logits and the greedy text of a fresh prefill; without a tier the
 same sequence reuses nothing; a budget too small for the whole prompt keeps its start and restores only an unbroken
-run of it; the budget is never exceeded; a restore the pool has no room for leaves the tier as it was."""
+run of it; the budget is never exceeded; a restore the pool has no room for leaves the tier as it was; a budget
+larger than the host's free memory is refused before the load."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import random
 import pytest
 import torch
 
+from inference.engine.contract.params import LoadOptions
 from inference.engine.errors import KVCacheFull
 from inference.engine.execution.runner import ModelRunner
 from inference.engine.kv.block_pool import chain_keys
+from inference.engine.load_plan import check_host_cache
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.hf import read_hf_dir
 
@@ -139,3 +142,8 @@ def test_forgetting_the_prefixes_empties_the_tier(transformer):
     runner.cache.forget_prefixes()  # the weights changed: no stored KV is valid
     assert runner.cache.host.bytes_used == 0
     assert generate(runner, A)[0] == 0
+
+
+def test_a_host_tier_larger_than_the_free_host_memory_is_refused_before_the_load():
+    with pytest.raises(MemoryError, match="host_cache_mb"):
+        check_host_cache("model", LoadOptions(host_cache_mb=2**40))  # an exbibyte: no host has it
