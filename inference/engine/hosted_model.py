@@ -400,7 +400,8 @@ class HostedModel:
 
     def status(self) -> p.ModelStatus:
         s = self.scheduler
-        pool = self.model.runner.cache.pool
+        cache = self.model.runner.cache
+        pool, host = cache.pool, cache.host
         return p.ModelStatus(
             name=self.name,
             path=str(self.model.path),
@@ -422,8 +423,11 @@ class HostedModel:
             prefill_tok_per_s=s.prefill_tok_per_s,
             graphs=self.decode_graphs(),
             prefix_cache_bytes=self.prefix_cache_bytes,
-            prefix_lookup_tokens=self.model.runner.cache.lookup_tokens,
-            prefix_hit_tokens=self.model.runner.cache.hit_tokens,
+            prefix_lookup_tokens=cache.lookup_tokens,
+            prefix_hit_tokens=cache.hit_tokens,
+            host_offloaded_blocks=host.offloaded if host else 0,
+            host_restored_blocks=host.restored if host else 0,
+            host_bytes=host.bytes_used if host else 0,
             batch_running=s.batch_running(),
             batch_waiting=len(s.queues["batch"]),
             batch_slots=s.batch_slots,

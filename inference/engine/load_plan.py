@@ -29,9 +29,12 @@ from inference.engine.kv_budget import (
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
+from inference.engine.parallel.shard import SplitRefused
 from inference.engine.parallel.split_load import load_split_model
 from inference.engine.scheduler import Scheduler
 from inference.engine.serving_metrics import ModelMetrics
+
+MIB = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,7 @@ def plan_load(req: p.Load, device: str) -> LoadPlan:
     config = read_config(req.path)
     if options.ctx_cap > config.context_limit:
         raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
+    check_host_cache(req.path, options)
     configured = configured_window(config, options.ctx_cap)
     element = element_size(options.dtype or None, device)
     budget = free_memory(device) - weight_bytes_estimate(config, element) - limits.min_free_memory
@@ -86,11 +90,24 @@ def load_weights(req: p.Load, plan: LoadPlan, device: str, progress: ReadProgres
         "context_window": plan.window,
         "block_size": limits.block_size,
         "cache_tokens": plan.cache_tokens,
+        "host_cache_bytes": options.host_cache_mb * MIB,
         "progress": progress,
     }
     if split(options):
         return load_split_model(req.path, options.tensor_parallel, device=device, **how)
     return load_model(req.path, device=device, **how)
+
+
+def check_host_cache(path: str, options: LoadOptions) -> None:
+    """Refuses a host tier that cannot be: on a split model (SplitRefused: its ranks replay rank 0's pool changes
+    from a journal, kv_cache.KVCache.change, which carries no host copies), or larger than the host's free memory
+    (MemoryError)."""
+    if options.host_cache_mb and split(options):
+        raise SplitRefused(
+            Path(path), "host_cache_mb needs tensor_parallel 1: a split model's ranks share no host tier"
+        )
+    if options.host_cache_mb * MIB > free_memory("cpu"):
+        raise MemoryError(f"host_cache_mb {options.host_cache_mb} exceeds the host's free memory")
 
 
 def split(options: LoadOptions) -> bool:

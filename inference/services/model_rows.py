@@ -92,10 +92,14 @@ def served_weights_fields(placement: ModelPlacement) -> dict[str, Any] | None:
 
 def prefix_hits(live: p.ModelStatus) -> dict[str, Any]:
     """`live.prefix_cache`: the prompt tokens looked up in the prefix cache since the load, those whose KV it held
-    (`hit_tokens`) and their ratio (`hit_rate`, null before any lookup)."""
+    (`hit_tokens`) and their ratio (`hit_rate`, null before any lookup); and its host tier's blocks copied out of the
+    pool (`host_offloaded_blocks`) and back (`host_restored_blocks`), and the bytes it holds (`host_bytes`), all 0
+    without one."""
     looked_up, hits = live.prefix_lookup_tokens, live.prefix_hit_tokens
     return {"lookup_tokens": looked_up, "hit_tokens": hits,
-            "hit_rate": round(hits / looked_up, 4) if looked_up else None}  # fmt: skip
+            "hit_rate": round(hits / looked_up, 4) if looked_up else None,
+            "host_offloaded_blocks": live.host_offloaded_blocks, "host_restored_blocks": live.host_restored_blocks,
+            "host_bytes": live.host_bytes}  # fmt: skip
 
 
 def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
         "quantize": False,
         "dtype": "",
         "kv_dtype": "",
+        "host_cache_mb": 0,
         "pooling": "mean",
         "compile": False,
         "tensor_parallel": 1,

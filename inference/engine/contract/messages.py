@@ -224,6 +224,9 @@ class ModelStatus(msgspec.Struct, array_like=True, kw_only=True):
     prefix_cache_bytes: int = 0  # as in Loaded
     prefix_lookup_tokens: int = 0  # prompt tokens looked up in the prefix cache since the load
     prefix_hit_tokens: int = 0  # of those, the tokens whose KV was reused
+    host_offloaded_blocks: int = 0  # blocks the pool's evictions copied to the host tier since the load
+    host_restored_blocks: int = 0  # blocks copied back from it on a prefix hit
+    host_bytes: int = 0  # bytes of KV the host tier holds now (at most the load's host_cache_mb)
     batch_running: int = 0  # of `running`, the batch-priority sequences (at most the load's batch_slots)
     batch_waiting: int = 0  # of `waiting`, the batch-priority sequences (their own line: scheduler.py)
     batch_slots: int = 0  # the slots batch-priority sequences may hold

@@ -115,6 +115,14 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
             "reads, at a small cost in exactness (docs/kv-cache.md)"
         ),
     ] = ""
+    host_cache_mb: Annotated[
+        int,
+        Meta(
+            description="MiB of host memory (pinned on CUDA) for a second tier of the prefix cache: cached blocks the "
+            "KV pool takes back move there and come back on a prefix hit instead of being prefilled again (0: off; "
+            "not with tensor_parallel; docs/kv-cache.md)"
+        ),
+    ] = 0
     pooling: Annotated[
         Literal["mean", "last"],
         Meta(description="how /v1/embeddings pools the final hidden states: their mean, or the last token's"),
@@ -137,7 +145,14 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     ] = 1
 
     def __post_init__(self) -> None:
-        for name in ("ctx_cap", "max_sessions", "max_concurrent", "reasoning_budget", "tensor_parallel"):
+        for name in (
+            "ctx_cap",
+            "max_sessions",
+            "max_concurrent",
+            "reasoning_budget",
+            "host_cache_mb",
+            "tensor_parallel",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 (the default) or positive")
 

@@ -38,7 +38,8 @@ class ModelRunner:
     scheduler runs can always grow to the window, by taking back cached blocks and idle sessions' blocks if need be
     (sessions.py), and what they leave behind stays findable in the rest. The pool holds keys and values in
     `kv_dtype` (default: the model's dtype); attention computes in the model's dtype whatever the pool's, through the
-    `attention` backend (ATTENTION_BACKENDS)."""
+    `attention` backend (ATTENTION_BACKENDS). With `host_cache_bytes` the cached blocks the pool takes back move to
+    host memory, up to that many bytes, and come back on a prefix hit (kv/host_tier.py)."""
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class ModelRunner:
         cache_tokens: int = 0,
         kv_dtype: torch.dtype | None = None,
         attention: str = "gather",
+        host_cache_bytes: int = 0,
     ):
         if attention not in ATTENTION_BACKENDS:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, not {attention!r}")
@@ -72,6 +74,7 @@ class ModelRunner:
                 head_dim=config.head_dim,
                 dtype=kv_dtype or model.norm.weight.dtype,
                 device=self.device,
+                host_cache_bytes=host_cache_bytes,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
         self._warm_up_threads: int | None = None  # what compile_decode(now=False) asked warm_up_next to use

@@ -38,7 +38,9 @@ class BlockPool:
     """`num_blocks` blocks, each free, held (refs > 0) or cached (free but still named by its key).
 
     `reclaim` is called when no block is free or cached: it may release holders (idle sessions) and returns whether
-    it freed anything, so an allocation can try again before it fails with KVCacheFull.
+    it freed anything, so an allocation can try again before it fails with KVCacheFull. `evicting(block, key)` is
+    called when an allocation takes back a cached block, before its KV is overwritten, so a host tier can keep a copy
+    (kv/host_tier.py).
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -53,6 +55,7 @@ class BlockPool:
         self._by_key: dict[BlockKey, int] = {}
         self._by_parent: dict[int, set[int]] = {}  # a chain hash -> the named blocks that follow it
         self.reclaim: Callable[[], bool] = lambda: False
+        self.evicting: Callable[[int, BlockKey], None] = lambda block, key: None
 
     # -- counts ------------------------------------------------------------------------------------------------
 
@@ -82,6 +85,7 @@ class BlockPool:
             block = self._free.pop()
         else:
             block, _ = self._cached.popitem(last=False)
+            self.evicting(block, self._key_of[block])
             self._unname(block)
         self.refs[block] = 1
         return block

@@ -5,7 +5,9 @@ they were computed from. Memory is spent on the tokens held, not on a full windo
 begin with the same tokens share those blocks (block_pool.py): a new slot starts from the longest run of cached full
 blocks its prompt begins with, and from the positions after them that a cached block shares with it, copied into a
 block of its own (`reuse_prefix`), so only the rest is prefilled. A slot belongs to whoever allocated
-it until it is freed, so a session keeps its conversation's slot between turns and a turn continues it.
+it until it is freed, so a session keeps its conversation's slot between turns and a turn continues it. With a
+host tier (`host_cache_bytes`, host_tier.py) the cached blocks the pool takes back are copied to host memory first,
+and a prompt's run of cached full blocks goes on there where the pool's ends.
 
 Each layer's keys (and values) are one tensor `[num_kv_heads, num_blocks + 1, block_size, head_dim]`. The extra last
 block is scratch: positions a step computes but no sequence keeps (the padding rows of a compiled decode step's
@@ -34,7 +36,8 @@ import torch
 
 from inference.engine.errors import ContextOverflow
 from inference.engine.kernels.paged_attention import kernel_serves
-from inference.engine.kv.block_pool import BlockPool, chain_keys
+from inference.engine.kv.block_pool import BlockKey, BlockPool, chain_keys
+from inference.engine.kv.host_tier import HostTier
 from inference.engine.kv.long_tensor import long_tensor
 
 ZEROED_AT_ONCE = 64  # blocks zeroed together when a fresh one is first handed out
@@ -87,6 +90,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        host_cache_bytes: int = 0,
     ):
         self.context_window = context_window
         self.block_size = block_size
@@ -109,6 +113,10 @@ class KVCache:
         self._head_offsets = torch.arange(num_kv_heads, device=device)[:, None] * (num_blocks + 1)  # [Hkv, 1]
         self.paged_decode = kernel_serves(self.device, dtype)  # decode views carry what the kernel reads
         self.journal: list[PoolChange] | None = None  # the changes made since the last step (see `change`)
+        self.host: HostTier | None = None  # the prefix cache's second tier, in host memory
+        if host_cache_bytes > 0:
+            self.host = HostTier([*self.keys, *self.values], host_cache_bytes)
+            self.pool.evicting = self.host.offload
 
     @property
     def num_slots(self) -> int:
@@ -127,7 +135,7 @@ class KVCache:
         """Lets go of the slot's blocks (full ones stay cached for reuse); freeing a free slot is a no-op."""
         table = self._tables.pop(slot, None)
         if table is not None:
-            for block in table.blocks:
+            for block in reversed(table.blocks):  # the last block is taken back first: the start stays findable
                 self.pool.release(block)
 
     def length(self, slot: int) -> int:
@@ -176,14 +184,7 @@ class KVCache:
         if table.token_ids:
             raise ValueError(f"slot {slot} is not empty")
         usable = token_ids[: len(token_ids) - 1]
-        for key in chain_keys(usable, self.block_size):
-            block = self.pool.find(key)
-            if block is None:
-                break
-            self.pool.hold(block)
-            table.blocks.append(block)
-            table.token_ids += key[1]
-            table.hashes.append(hash(key))
+        self._hold_chain(table, chain_keys(usable, self.block_size))
         rest = usable[len(table.token_ids) : len(table.token_ids) + self.block_size]
         source, common = self.pool.longest_start(table.hashes[-1] if table.hashes else 0, rest)
         if common:
@@ -198,6 +199,47 @@ class KVCache:
         self.lookup_tokens += len(token_ids)
         self.hit_tokens += len(table.token_ids)
         return len(table.token_ids)
+
+    def _hold_chain(self, table: BlockTable, keys: list[BlockKey]) -> None:
+        """Appends to an empty table the blocks of the longest run of `keys` the cache holds: each one found in the
+        pool is held, each one found in the host tier is copied back into a new block, named and held. The whole run
+        is held or taken out of the tier before the first copy, so the allocations the copies need cannot take back
+        a block of the run."""
+        run: list[tuple[BlockKey, int, int | None]] = []  # (key, pool block or -1, host slot or None)
+        for key in keys:
+            block = self.pool.find(key)
+            slot = None if block is not None or self.host is None else self.host.take(key)
+            if block is None and slot is None:
+                break
+            if block is not None:
+                self.pool.hold(block)
+            run.append((key, -1 if block is None else block, slot))
+        for done, (key, block, slot) in enumerate(run):
+            if slot is not None:
+                try:
+                    block = self._allocate()
+                except BaseException:
+                    self._let_go(run[done:])
+                    raise
+                self.host.restore(slot, block)
+                self.pool.name(block, key)
+            table.blocks.append(block)
+            table.token_ids += key[1]
+            table.hashes.append(hash(key))
+
+    def _let_go(self, run: list[tuple[BlockKey, int, int | None]]) -> None:
+        """Undoes `_hold_chain`'s first pass for the part of a run it did not reach."""
+        for key, block, slot in run:
+            if slot is None:
+                self.pool.release(block)
+            else:
+                self.host.put_back(key, slot)
+
+    def forget_prefixes(self) -> None:
+        """Forgets every cached prefix, in the pool and the host tier (the weights changed)."""
+        self.pool.forget_prefixes()
+        if self.host is not None:
+            self.host.clear()
 
     def advance(self, slot: int, token_ids: list[int]) -> None:
         """Records that `token_ids` were written after the slot's current length; names the blocks they filled."""

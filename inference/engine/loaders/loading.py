@@ -60,6 +60,7 @@ def load_model(
     context_window: int | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
     cache_tokens: int = 0,
+    host_cache_bytes: int = 0,
     kv_dtype: str | torch.dtype | None = None,
     attachable: bool = False,
     progress: ReadProgress | None = None,
@@ -68,7 +69,7 @@ def load_model(
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
     `max_concurrent` full windows and `cache_tokens` positions more for the prefix cache (see ModelRunner), in blocks
-    of `block_size`, in `kv_dtype` (default: the weights' dtype).
+    of `block_size`, in `kv_dtype` (default: the weights' dtype), and a host tier of `host_cache_bytes` behind it.
     `attachable` lays the weights out for a trainer to attach to (loaders/build.py) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (quant/stored_quant.py);
@@ -96,7 +97,7 @@ def load_model(
     return_freed_memory()
     runner = ModelRunner(
         model, max_concurrent=max_concurrent, context_window=context, block_size=block_size, cache_tokens=cache_tokens,
-        kv_dtype=kv_dtype,
+        kv_dtype=kv_dtype, host_cache_bytes=host_cache_bytes,
     )  # fmt: skip
     if shard is not None:
         runner.plan = None  # its kernel calls would skip the all-reduce (the decode plan is the forward's, lowered)

@@ -96,7 +96,7 @@ class ServedWeights:
         if sessions is not None:
             for session_id in list(sessions.sessions):
                 sessions.release(session_id)
-        self.hosted.model.runner.cache.pool.forget_prefixes()
+        self.hosted.model.runner.cache.forget_prefixes()
 
     def weights_written(self) -> None:
         """The parameters changed in place: rebuild what the engine derives from them, drop the caches computed on
