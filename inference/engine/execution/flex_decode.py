@@ -134,7 +134,7 @@ class FlexDecodeAttention:
             BLOCK_SIZE=(QUERY_BLOCK, keys[0].shape[2]),
             mask_mod=row_mask,
             seq_lengths=(1, pool),
-            compute_q_blocks=False,  # only a backward pass reads them, and they cost a pass over the whole pool
+            compute_q_blocks=False,  # only a backward pass reads them, and transposing the indices is not free
         )
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
