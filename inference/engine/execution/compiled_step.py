@@ -8,7 +8,9 @@ blocks and the SwiGLU glue become a few fused C++ kernels per layer and one Pyth
 What keeps it from recompiling every step: the batch is padded up to a bucket (1, 2, 4, ... up to the slot count),
 so each bucket has one static-shaped graph, and the only size that changes from step to step, the number of blocks
 a row reads, is marked dynamic (CPU) or padded to the whole context window (CUDA, where a graph replay cannot change
-shape). Rows attend over every position of those blocks, the ones past their own masked, so no length is sliced.
+shape). Rows attend over every position of those blocks, the ones past their own masked, so no length is sliced. A
+runner whose attention is "flex" has no such size: each row reads its live blocks in place, named by inputs of fixed
+shape (flex_decode.py), so a replay's cost follows the tokens held rather than the window.
 The padding rows write their keys and values to the pool's scratch block and read only scratch, so they never touch
 a sequence's KV. After the warm-up a bucket's graph is final: a step that would need a new compilation raises
 instead (`SealableBackend`) and the model goes back to the eager forward for good, with the reason in its `graphs`
@@ -21,9 +23,9 @@ custom op `pantheon::linear_layer`, so each keeps its own kernel. The graph shar
 pool: no weight is copied, and weights written in place (the trainer's barrier) are what the next step reads.
 
 `DecodeGraph` runs the model's own blocks (transformer.Block.forward, the one description of a layer's step, with
-every architecture switch in it), differing from the eager forward only in its way to the KV (`GatheredAttention`)
-and in how its linear layers are called; test_compiled_step.py and test_decode_description.py hold it to the eager
-forward's greedy tokens.
+every architecture switch in it), differing from the eager forward only in its way to the KV (`GatheredAttention`,
+or `FlexDecodeAttention`) and in how its linear layers are called; test_compiled_step.py, test_flex_decode_graphs.py
+and test_decode_description.py hold it to the eager forward's greedy tokens.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.execution.eager_step import prefill_one_token
+from inference.engine.execution.flex_decode import FlexCall, FlexDecodeAttention, FlexInputs, flex_call
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.rope import rotate_half
 from inference.engine.model.transformer import (
@@ -108,12 +111,14 @@ def with_linears(module: nn.Module, wrap: Callable[[str, nn.Module], nn.Module])
 class DecodeGraph(nn.Module):
     """A Transformer's decode forward, one token per row, over the paged KV pool given as tensors: what is compiled
     (or captured). It runs the model's own blocks (transformer.Block, copies sharing the model's modules, so it
-    costs no memory) with their linear layers wrapped in OpaqueLinear, and `GatheredAttention` as their way to the
-    KV: an architecture switch of the blocks is the graph's without a word here."""
+    costs no memory) with their linear layers wrapped in OpaqueLinear, and `GatheredAttention` (or, given `flex`,
+    `FlexDecodeAttention`) as their way to the KV: an architecture switch of the blocks is the graph's without a word
+    here."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, flex: FlexCall | None = None):
         super().__init__()
         config = model.config
+        self.flex = flex  # flex_attention as the graph calls it (flex_decode.py), or None: GatheredAttention
         self.model = model
         self.linear_layers: list[nn.Module] = []  # every linear layer, in the order OpaqueLinear.index counts
         self.linears: list[list[OpaqueLinear]] = []  # each block's wrapped linear layers, then the head's
@@ -141,17 +146,25 @@ class DecodeGraph(nn.Module):
         tokens: torch.Tensor,
         positions: torch.Tensor,
         write_rows: torch.Tensor,
-        blocks: torch.Tensor,
+        **pages: torch.Tensor,
     ) -> torch.Tensor:
         # keys, values: per layer [Hkv, num_blocks + 1, bs, hd]; tokens, positions: [B, 1] long;
-        # write_rows: [B * Hkv] long; blocks: [Hkv, B, nb] long -> logits [B, V]
+        # write_rows: [B * Hkv] long; pages: the blocks each row reads (StepInputs) -> logits [B, V]
         model = self.model
         x = model.embed(tokens.view(-1))  # [B, D]
         cos, sin_signed = model.rope_rows(positions.view(-1), x.dtype)  # [B, 1, hd]
-        # every position of the blocks read is attended over, those past a row's own masked: no slicing to a length
-        key_positions = torch.arange(blocks.shape[2] * keys[0].shape[2], device=positions.device)  # [nb * bs]
-        mask = (key_positions[None, :] <= positions)[:, None, None, :]  # [B, 1, 1, nb * bs]
-        attend = GatheredAttention(keys, values, write_rows, blocks, mask, cos, sin_signed, self.heads, self.kv_heads)
+        if self.flex is not None:
+            attend = FlexDecodeAttention(
+                keys, values, write_rows, positions, cos, sin_signed, self.heads, self.kv_heads, self.flex, **pages
+            )
+        else:
+            blocks = pages["blocks"]  # [Hkv, B, nb] long
+            # every position of the blocks read is attended over, those past a row's own masked: no slicing
+            key_positions = torch.arange(blocks.shape[2] * keys[0].shape[2], device=positions.device)  # [nb * bs]
+            mask = (key_positions[None, :] <= positions)[:, None, None, :]  # [B, 1, 1, nb * bs]
+            attend = GatheredAttention(
+                keys, values, write_rows, blocks, mask, cos, sin_signed, self.heads, self.kv_heads
+            )
         x, delta = run_blocks(self.blocks, x, attend)
         return self.lm_head(model.norm(x, delta))
 
@@ -206,9 +219,11 @@ def decode_buckets(max_concurrent: int) -> list[int]:
 
 class StepInputs:
     """Turns a CacheView of `b` rows into the graph's inputs for a bucket of `bucket >= b` rows, padding rows that
-    write to and read from the scratch block only, and the block table to at least `min_blocks` blocks per row."""
+    write to and read from the scratch block only, and (gather) the block table to at least `min_blocks` blocks per
+    row, or (`flex`) each row's live blocks as FlexInputs gives them."""
 
-    def __init__(self, cache: KVCache, max_bucket: int):
+    def __init__(self, cache: KVCache, max_bucket: int, *, flex: bool = False):
+        self.flex = FlexInputs(cache, max_bucket) if flex else None
         kv_heads = cache.keys[0].shape[0]
         per_head_blocks = cache.scratch + 1
         self.cache = cache
@@ -225,8 +240,16 @@ class StepInputs:
     def build(
         self, token_ids: list[int], view: CacheView, bucket: int, *, min_blocks: int = 2
     ) -> dict[str, torch.Tensor]:
-        """The graph's inputs but the pools (at least two blocks per row: one would be specialised on)."""
+        """The graph's inputs but the pools (gather: at least two blocks per row, one would be specialised on)."""
         rows, pad = len(token_ids), bucket - len(token_ids)
+        positions, write_rows = view.positions, view.write_rows
+        if pad:
+            positions = torch.cat([positions, positions.new_zeros(pad, 1)])
+            write_rows = torch.cat([write_rows, self.scratch_rows[: pad * self.kv_heads]])
+        tokens = torch.tensor(token_ids + token_ids[-1:] * pad, device=self.device)[:, None]
+        inputs = {"tokens": tokens, "positions": positions, "write_rows": write_rows}
+        if self.flex is not None:
+            return inputs | self.flex.build(view, bucket, positions)
         blocks_needed = -(-view.length // self.cache.block_size)
         if view.table is not None:  # a paged decode view: [B, nb] blocks, the same in every kv head
             table = self.head_blocks + view.table[None]  # [Hkv, B, nb]
@@ -236,18 +259,9 @@ class StepInputs:
             table = view.blocks.view(self.kv_heads, rows, blocks_needed)
         if blocks_needed < min_blocks:
             table = torch.cat([table, self.scratch_blocks[:, :rows, : min_blocks - blocks_needed]], dim=2)
-        positions, write_rows = view.positions, view.write_rows
         if pad:
             table = torch.cat([table, self.scratch_blocks[:, :pad, : table.shape[2]]], dim=1)
-            positions = torch.cat([positions, positions.new_zeros(pad, 1)])
-            write_rows = torch.cat([write_rows, self.scratch_rows[: pad * self.kv_heads]])
-        tokens = torch.tensor(token_ids + token_ids[-1:] * pad, device=self.device)[:, None]
-        return {
-            "tokens": tokens,
-            "positions": positions,
-            "write_rows": write_rows,
-            "blocks": table,
-        }
+        return inputs | {"blocks": table}
 
 
 class RecompileRefused(RuntimeError):
@@ -273,9 +287,10 @@ class DecodeGraphs:
     """A runner's decode graphs: `mode` "compiled" (CPU), "cuda_graphs" (CUDA) or "eager" (off, or fallen back:
     `fallback_reason` says why), the `buckets` that hold a graph, and the warm-up's milliseconds."""
 
-    def __init__(self, model: Transformer, cache: KVCache, buckets: list[int]):
+    def __init__(self, model: Transformer, cache: KVCache, buckets: list[int], *, attention: str = "gather"):
         self.model, self.cache = model, cache
         self.cuda = cache.device.type == "cuda"
+        flex = attention == "flex"  # each row reads its live blocks in place (flex_decode.py), else gathered whole
         self.mode = "cuda_graphs" if self.cuda else "compiled"
         self.buckets = sorted(buckets)
         self.threads = torch.get_num_threads()  # the intra-op threads the graphs were made for
@@ -284,8 +299,8 @@ class DecodeGraphs:
         self.pending = list(reversed(self.buckets))  # not warmed up yet; CUDA graphs share one memory pool, the
         # largest captured first
         self.fallback_reason: str | None = None
-        self.graph = DecodeGraph(model)
-        self.inputs = StepInputs(cache, self.buckets[-1])
+        self.graph = DecodeGraph(model, flex_call(cache.device, cache.block_size) if flex else None)
+        self.inputs = StepInputs(cache, self.buckets[-1], flex=flex)
         self.backend = SealableBackend()
         self._compiled: torch.nn.Module | None = None
         self._captured: dict[int, CapturedStep] = {}
@@ -370,7 +385,7 @@ class DecodeGraphs:
 
     def _run_compiled(self, bucket: int, token_ids: list[int], view: CacheView) -> torch.Tensor:
         inputs = self.inputs.build(token_ids, view, bucket)
-        if not self.backend.sealed:  # the graph's first run: the blocks each row reads grow as it does
+        if "blocks" in inputs and not self.backend.sealed:  # the gather graph's first run: a row's blocks grow
             torch._dynamo.mark_dynamic(inputs["blocks"], 2)
         cache = self.cache
         _running.layers = self.graph.linear_layers
@@ -388,7 +403,8 @@ class DecodeGraphs:
 
 class CapturedStep:
     """One bucket's decode step captured as a CUDA graph: static input buffers the step copies into, one replay.
-    Every row reads the whole context window's blocks (scratch past its own, masked), so no shape ever changes."""
+    Every row reads the whole context window's blocks (scratch past its own, masked), or with flex names them all
+    and visits its live ones, so no shape ever changes."""
 
     def __init__(self, graphs: DecodeGraphs, bucket: int, view: CacheView, token_ids: list[int]):
         cache = graphs.cache

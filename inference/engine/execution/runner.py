@@ -88,10 +88,12 @@ class ModelRunner:
         `warm_up_next` is called. `threads` is the number of intra-op threads the steps will run with (the C++
         kernels are generated for it). A failure to compile does not raise: decode stays eager, with the reason in
         the returned report. A batch larger than every bucket, or any batch before every bucket is warm, decodes
-        eagerly."""
+        eagerly. With `attention` "flex" each row of a graph reads only its live blocks (flex_decode.py)."""
         if buckets is not None and not all(0 < b <= self.max_concurrent for b in buckets):
             raise ValueError(f"buckets {buckets} must be batch sizes from 1 to max_concurrent {self.max_concurrent}")
-        self.graphs = DecodeGraphs(self.model, self.cache, buckets or decode_buckets(self.max_concurrent))
+        self.graphs = DecodeGraphs(
+            self.model, self.cache, buckets or decode_buckets(self.max_concurrent), attention=self.attention
+        )
         self._warm_up_threads = threads
         if now:
             with attention_backends(self.device):
