@@ -92,8 +92,8 @@ def with_graphs(runner: ModelRunner, prompts: list[Prompt]) -> torch.Tensor:
         runner.graphs = None
 
 
-def compare(compare: str, where: dict, got: torch.Tensor, expected: torch.Tensor, reference: str) -> dict:
-    """Prints and returns the agreement of two greedy runs' logits [B, n, V] (or lists of [n, V])."""
+def compare(label: str, where: dict, got: torch.Tensor, expected: torch.Tensor, reference: str) -> None:
+    """Prints the agreement of two greedy runs' logits [B, n, V] (or lists of [n, V]), as text and as JSON."""
     agree, diffs, parted = [], [], []
     for i, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
         mine, theirs = mine.float(), theirs.float().to(mine.device)
@@ -107,24 +107,21 @@ def compare(compare: str, where: dict, got: torch.Tensor, expected: torch.Tensor
             top = theirs[same].topk(2).values
             parted.append({"prompt": i, "token": same, "margin": float(top[0] - top[1])})
     tokens = expected[0].shape[0]
-    text = f"{compare} ({', '.join(str(v) for v in where.values())}): "
+    text = f"{label} ({', '.join(str(v) for v in where.values())}): "
     text += f"{' '.join(f'{a}/{tokens}' for a in agree)} tokens agree; logits max |diff| {max(diffs):.2e} until then"
     for p in parted:
         text += f"; prompt {p['prompt']} parts at token {p['token']}, where {reference}'s top two are "
         text += f"{p['margin']:.3g} apart"
     print(text)
-    line = {"kind": "fidelity", "compare": compare, **where, "agree": agree, "tokens": tokens}
-    line |= {"max_abs_diff": max(diffs), "parted": parted}
-    print(json.dumps(line))
-    return line
+    line = {"kind": "fidelity", "compare": label, **where, "agree": agree, "tokens": tokens}
+    print(json.dumps(line | {"max_abs_diff": max(diffs), "parted": parted}))
 
 
-def shape_fidelity(built: RandomModel, graphs: bool) -> list[dict]:
-    """flex against gather on a real shape's random model, and each one's decode graphs against its eager decode."""
+def shape_fidelity(built: RandomModel, long: int, chunk: int, graphs: bool) -> None:
+    """flex against gather on a real shape's random model, and each one's decode graphs against its eager decode;
+    the long prompt has `long` tokens, prefilled `chunk` at a time."""
     device = built.model.norm.weight.device
-    prompts = fidelity_prompts(built.config.vocab_size, long=700, chunk=256)
-    if device.type == "cpu":
-        prompts = fidelity_prompts(built.config.vocab_size, long=60, chunk=16)
+    prompts = fidelity_prompts(built.config.vocab_size, long=long, chunk=chunk)
     runners = {
         attention: ModelRunner(
             built.model, max_concurrent=len(prompts), context_window=positions_needed(prompts), attention=attention
@@ -134,12 +131,11 @@ def shape_fidelity(built: RandomModel, graphs: bool) -> list[dict]:
     where = {"model": built.name, "device": device.type, "dtype": str(built.dtype).removeprefix("torch.")}
     runs = {attention: engine_greedy(runner, prompts) for attention, runner in runners.items()}
     print(f"prefix hit: prompt 2 reused {runs['flex'][1][2]} of {len(prompts[2].ids)} tokens (flex)")
-    lines = [compare("flex vs gather", where, runs["flex"][0], runs["gather"][0], "gather")]
+    compare("flex vs gather", where, runs["flex"][0], runs["gather"][0], "gather")
     if graphs:
         for attention, runner in runners.items():
             graphed = with_graphs(runner, prompts)
-            lines.append(compare(f"{attention} graphs vs eager", where, graphed, runs[attention][0], "eager"))
-    return lines
+            compare(f"{attention} graphs vs eager", where, graphed, runs[attention][0], "eager")
 
 
 def write_checkpoint(out_dir: Path, shape: dict[str, int]) -> Path:
@@ -203,7 +199,7 @@ def transformers_runs(path: Path, prompts: list[Prompt], device: torch.device, d
     return runs
 
 
-def small_fidelity(path: Path, device: torch.device, dtype: torch.dtype, graphs: bool) -> list[dict]:
+def small_fidelity(path: Path, device: torch.device, dtype: torch.dtype, graphs: bool) -> None:
     """The small checkpoint at `path` through both attention paths on the device (and their graphs), against each
     other, the engine in float32 on the CPU, and transformers."""
     prompts = fidelity_prompts(SMALL_VOCAB, long=41, chunk=16)
@@ -217,16 +213,15 @@ def small_fidelity(path: Path, device: torch.device, dtype: torch.dtype, graphs:
     references = {"engine cpu float32": engine_greedy(cpu.runner, prompts)[0]}
     references |= transformers_runs(path, prompts, device, dtype)
     where = {"model": "small llama", "device": device.type, "dtype": str(dtype).removeprefix("torch.")}
-    lines = [compare("flex vs gather", where, runs["flex"], runs["gather"], "gather")]
+    compare("flex vs gather", where, runs["flex"], runs["gather"], "gather")
     if graphs:
         for attention, runner in runners.items():
             graphed = with_graphs(runner, prompts)
-            lines.append(compare(f"{attention} graphs vs eager", where, graphed, runs[attention], "eager"))
+            compare(f"{attention} graphs vs eager", where, graphed, runs[attention], "eager")
     for name, reference in references.items():
         for attention, run in runs.items():
-            lines.append(compare(f"{attention} vs {name}", where, run, reference, name))
+            compare(f"{attention} vs {name}", where, run, reference, name)
     low = f"transformers {where['dtype']}"
     if low != "transformers float32" and low in references:  # its own rounding against float32: the yardstick
         exact = references["transformers float32"]
-        lines.append(compare(f"{low} vs transformers float32", where, references[low], exact, "transformers float32"))
-    return lines
+        compare(f"{low} vs transformers float32", where, references[low], exact, "transformers float32")

@@ -57,6 +57,7 @@ class Scale:
 
     models: tuple[str, ...]
     small: dict[str, int]  # the small Llama of the transformers comparison
+    fidelity_prompt: tuple[int, int]  # the real shapes' long fidelity prompt: tokens, prefilled this many at a time
     done: tuple[int, int]  # the done-when row: batch, context
     batches: tuple[int, ...]
     contexts: tuple[int, ...]
@@ -69,14 +70,15 @@ class Scale:
 
 SCALES = {
     "real": Scale(
-        models=("llama-3.2-1b", "qwen3-8b"), small=SMALL_SHAPES["random85m"], done=(64, 2048), batches=(1, 8, 64, 256),
-        contexts=(512, 4096), prefill=(8, 2048), steps=16, prefill_repeats=3, copy_bytes=1 << 30, matmul_size=8192,
+        models=("llama-3.2-1b", "qwen3-8b"), small=SMALL_SHAPES["random85m"], fidelity_prompt=(700, 256),
+        done=(64, 2048), batches=(1, 8, 64, 256), contexts=(512, 4096), prefill=(8, 2048), steps=16,
+        prefill_repeats=3, copy_bytes=1 << 30, matmul_size=8192,
     ),
     "tiny": Scale(
         models=("tiny-llama", "tiny-qwen3"),
         small={"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256},
-        done=(4, 64), batches=(1, 4), contexts=(32, 128), prefill=(2, 64), steps=4, prefill_repeats=1,
-        copy_bytes=32 << 20, matmul_size=256,
+        fidelity_prompt=(60, 16), done=(4, 64), batches=(1, 4), contexts=(32, 128), prefill=(2, 64), steps=4,
+        prefill_repeats=1, copy_bytes=32 << 20, matmul_size=256,
     ),
 }  # fmt: skip
 
@@ -129,7 +131,7 @@ def run_stage(part: str, name: str, models: Models, card: Card, args, scale: Sca
     """One part of the run for one model, every attention path."""
     built = models.get(name)
     if part == "fidelity":
-        shape_fidelity(built, settings.graphs)
+        shape_fidelity(built, *scale.fidelity_prompt, settings.graphs)
         return
     print(TABLE_HEADER)
     for attention in args.attention:
@@ -275,7 +277,7 @@ def main() -> int:
             section(f"fidelity: a small random Llama ({device.type})", small_fidelity, path, device, dtype, graphs)
             section("a load with the default options (HostedModel.load)", check_default_load, path, device)
     contexts = [*args.contexts, scale.done[1]]
-    positions = max(*(window_for(context, settings) for context in contexts), scale.prefill[1], 1024)
+    positions = max(*(window_for(context, settings) for context in contexts), scale.prefill[1], 1024)  # RoPE rows
     models, rows = Models(device, dtype, positions), []
     for part, name in stages(args.models, args.parts):
         section(f"{part}: {name}", run_stage, part, name, models, card, args, scale, settings, rows)
