@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The engine on a CUDA machine, in one short run whose whole output goes to stdout: nvidia-smi, then
-# bench/gpu_check.py (the torch build and device, parity with transformers in bfloat16, decode tok/s at batch 1, 8
-# and 32 with and without CUDA graphs). Made for a lent GPU machine with no network and minutes of budget: every
-# step that could hang has a timeout, and the whole run stops within BUDGET_S. Without a CUDA device it says so and
-# exits 0. Arguments go to gpu_check.py. Run: bash bench/gpu_check.sh
+# bench/gpu_check.py: the card's measured bandwidth and matmul rate (beside its nominal figures), fidelity of the
+# attention paths gather and flex (against each other, the CPU's float32 and transformers), then the engine at real
+# sizes (Llama-3.2-1B's and Qwen3-8B's shapes, random bfloat16 weights made on the GPU): decode at batch 64 with
+# 2k-token contexts first, prefill, then decode at batch 1 / 8 / 64 / 256 with 512 and 4k-token contexts, each row
+# against its bound (HBM bandwidth for decode, matmul rate for prefill) with the ratio, as a table line and a JSON
+# line (docs/performance.md, "GPU check"). Made for a lent GPU machine with no network and minutes of budget: every
+# step that could hang has a timeout, the whole run stops within BUDGET_S, and the rows that matter most come first,
+# each printed as it is measured. Without a CUDA device it says so and exits 0. Arguments go to gpu_check.py (e.g.
+# --models llama-3.2-1b --parts done,grid); GPU_CHECK_COMMIT names the commit where the tree came without .git.
+# Run: bash bench/gpu_check.sh
 set -uo pipefail
 exec 2>&1
 BUDGET_S=420

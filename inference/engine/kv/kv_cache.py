@@ -305,7 +305,9 @@ class KVCache:
 
     @torch.inference_mode()
     def write(self, slot: int, token_ids: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Fills an empty slot with given KV (per layer `[num_kv_heads, len(token_ids), head_dim]`)."""
+        """Fills an empty slot with given KV (per layer `[num_kv_heads, len(token_ids), head_dim]`, on any device).
+        Staged in the pool's device memory: KV already there (bench/gpu_check.py fills its contexts so) never crosses
+        to the host and back."""
         table = self._table(slot)
         if table.token_ids:
             raise ValueError(f"slot {slot} is not empty")
@@ -316,9 +318,9 @@ class KVCache:
         blocks = torch.tensor(table.blocks, device=self.device)
         padded = len(table.blocks) * self.block_size
         for pool, given in zip((*self.keys, *self.values), (*keys, *values), strict=True):
-            staged = torch.zeros(given.shape[0], padded, given.shape[2], dtype=pool.dtype)
+            staged = torch.zeros(given.shape[0], padded, given.shape[2], dtype=pool.dtype, device=self.device)
             staged[:, :length] = given
-            pool[:, blocks] = staged.view(given.shape[0], -1, self.block_size, given.shape[2]).to(self.device)
+            pool[:, blocks] = staged.view(given.shape[0], -1, self.block_size, given.shape[2])
         self.advance(slot, list(token_ids))
 
     # -- one forward step --------------------------------------------------------------------------------------
