@@ -14,6 +14,7 @@ from pathlib import Path
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.errors import LoadError
+from inference.engine.execution.runner import DEFAULT_ATTENTION
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.kv_budget import (
     MIN_WINDOW,
@@ -29,6 +30,7 @@ from inference.engine.kv_budget import (
 from inference.engine.loaders.loaded import LoadedModel
 from inference.engine.loaders.loading import automatic_kv_dtype, load_model
 from inference.engine.loaders.progress import ReadProgress
+from inference.engine.parallel.shard import SplitRefused
 from inference.engine.parallel.split_load import load_split_model
 from inference.engine.scheduler import Scheduler
 from inference.engine.serving_metrics import ModelMetrics
@@ -49,6 +51,10 @@ def plan_load(req: p.Load, device: str) -> LoadPlan:
     fails with MemoryError."""
     options, limits = req.options, req.limits
     slots = limits.max_concurrent
+    if split(options) and options.attention == "flex":
+        # the follower ranks' pools are kept in step by rank 0's journal of changes, which does not tell them which
+        # blocks hold finite values, the part of the pool flex reads
+        raise SplitRefused(req.path, "attention flex does not split across ranks; load it with tensor_parallel 1")
     config = read_config(req.path)
     if options.ctx_cap > config.context_limit:
         raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
@@ -86,6 +92,7 @@ def load_weights(req: p.Load, plan: LoadPlan, device: str, progress: ReadProgres
         "context_window": plan.window,
         "block_size": limits.block_size,
         "cache_tokens": plan.cache_tokens,
+        "attention": options.attention or DEFAULT_ATTENTION,
         "progress": progress,
     }
     if split(options):
