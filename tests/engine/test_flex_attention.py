@@ -1,9 +1,8 @@
-"""The flex attention backend (model/flex_attention.py) against the gather one on the same weights, float32 on the
-CPU: the same logits (within 1e-5 of the largest) and the same greedy tokens for decode batches of rows of different lengths,
-a prompt prefilled in chunks, prompts that start from cached blocks, a session's turns, truncation, export and
-restore, and steps that mix prefill chunks with decode rows; and a block mask that visits every block a query may
-see, and only its rows' blocks. stories260K has 8 heads over 4 KV heads; the random qwen3 adds q/k/v bias and
-q/k norms."""
+"""The flex attention backend (model/flex_attention.py) against the gather one on the same weights, float32 on the CPU:
+the same logits (within 1e-5 of the largest) and the same greedy tokens for decode batches of rows of different lengths,
+a prompt prefilled in chunks, prompts that start from cached blocks, a session's turns, truncation, export and restore,
+and steps that mix prefill chunks with decode rows; and a block mask that visits every block a query may see, and only
+its rows' blocks. stories260K has 8 heads over 4 KV heads; the random qwen3 adds q/k/v bias and q/k norms."""
 
 from __future__ import annotations
 
@@ -147,8 +146,9 @@ def test_the_block_mask_visits_every_block_a_query_sees_and_only_its_rows_blocks
     allowed = create_mask(block_mask.mask_mod, 1, 1, queries, blocks * cache.block_size, device="cpu")[0, 0]
     seen = allowed.view(queries // Q_BLOCK, Q_BLOCK, blocks, cache.block_size).any(3).any(1)
     visited = torch.zeros_like(seen)  # the blocks each query block's kernel tile visits
-    for query_block, (count, indices) in enumerate(zip(block_mask.kv_num_blocks[0, 0], block_mask.kv_indices[0, 0])):
-        visited[query_block, indices[:count]] = True
+    counts, indices = block_mask.kv_num_blocks[0, 0], block_mask.kv_indices[0, 0]
+    for query_block, count in enumerate(counts.tolist()):
+        visited[query_block, indices[query_block, :count]] = True
     rows = [cache.blocks(slots[3])] * 21 + [cache.blocks(slot) for slot in slots[:3]]  # each query's row's blocks
     held = torch.zeros_like(visited)
     for query, row_blocks in enumerate(rows):

@@ -139,10 +139,10 @@ class ModelRunner:
         [D, V].
 
         Each chunk attends as its own group, unpadded, and the decode rows as one more (with flex: all of them in one
-        call; Transformer.forward), so a burst of prompts and the running decoders cost one pass over the weights, not one per prompt plus one for
-        the decode. A decode-only step runs the compiled graph of its batch size when there is one. A slot appears
-        at most once; every slot must have room for what it appends, or the call raises ContextOverflow before
-        writing anything."""
+        call; Transformer.forward), so a burst of prompts and the running decoders cost one pass over the weights, not
+        one per prompt plus one for the decode. A decode-only step runs the compiled graph of its batch size when there
+        is one. A slot appears at most once; every slot must have room for what it appends, or the call raises
+        ContextOverflow before writing anything."""
         slots = [slot for slot, _ in prefills] + decode_slots
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")

@@ -29,6 +29,7 @@ from inference.engine.model.rope import rotate_half
 # decode rows that share a query block, each visiting every block of the others, are as few as can be.
 Q_BLOCK = 16
 
+
 @functools.cache
 def eager_flex() -> Callable[..., torch.Tensor]:
     """flex_attention run eagerly, the CPU path on purpose (exact; the inductor CPU template compiles for ~20 s per
