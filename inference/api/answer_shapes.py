@@ -211,6 +211,7 @@ class AdminModelSerializer(serializers.Serializer):
     max_concurrent_configured = Int(required=False)
     context_window = Int(required=False)
     context_window_configured = Int(required=False)
+    attention = Text(required=False, help_text="How attention reads the KV cache: gather or flex (docs/attention.md)")
     tensor_parallel = Json(
         required=False, help_text="A split model's ranks, backend, follower_pids and decode (docs/tensor-parallel.md)"
     )

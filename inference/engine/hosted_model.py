@@ -388,6 +388,7 @@ class HostedModel:
             prefix_cache_bytes=self.prefix_cache_bytes,
             kernels=kernels.active_kernels(),
             tensor_parallel=model.split.report() if model.split is not None else None,
+            attention=model.runner.attention,
         )
 
     def record_occupancy(self) -> None:

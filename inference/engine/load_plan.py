@@ -14,6 +14,7 @@ from pathlib import Path
 from inference.engine.contract import messages as p
 from inference.engine.contract.params import LoadOptions, ServingLimits
 from inference.engine.errors import LoadError
+from inference.engine.execution.runner import DEFAULT_ATTENTION
 from inference.engine.kv.sessions import SessionTable
 from inference.engine.kv_budget import (
     MIN_WINDOW,
@@ -52,6 +53,10 @@ def plan_load(req: p.Load, device: str) -> LoadPlan:
     fails with MemoryError."""
     options, limits = req.options, req.limits
     slots = limits.max_concurrent
+    if split(options) and options.attention == "flex":
+        # the follower ranks' pools are kept in step by rank 0's journal of changes, which does not tell them which
+        # blocks hold finite values, the part of the pool flex reads
+        raise SplitRefused(req.path, "attention flex does not split across ranks; load it with tensor_parallel 1")
     config = read_config(req.path)
     if options.ctx_cap > config.context_limit:
         raise LoadError(req.path, f"ctx_cap {options.ctx_cap} exceeds the model's {config.context_limit}")
@@ -91,6 +96,7 @@ def load_weights(req: p.Load, plan: LoadPlan, device: str, progress: ReadProgres
         "block_size": limits.block_size,
         "cache_tokens": plan.cache_tokens,
         "host_cache_bytes": options.host_cache_mb * MIB,
+        "attention": options.attention or DEFAULT_ATTENTION,
         "progress": progress,
     }
     if split(options):

@@ -127,6 +127,7 @@ def admin_model_row(placement: ModelPlacement, live: p.ModelStatus | None = None
         "vram_bytes": (info.weight_bytes + info.kv_bytes + info.prefix_cache_bytes) if info else None,
         "weights_in_memory": {"bytes": info.weight_bytes, "linear_formats": info.linear_formats} if info else None,
         "kv_cache": {"dtype": info.kv_dtype, "bytes": info.kv_bytes} if info else None,
+        "attention": info.attention if info else None,  # how attention reads the KV cache (load option attention)
         "prefix_cache": {"bytes": info.prefix_cache_bytes} if info else None,  # beyond the sequences' windows
         "max_sessions": _max_sessions(placement),
         "max_concurrent": max_concurrent,

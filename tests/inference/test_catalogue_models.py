@@ -41,6 +41,7 @@ def test_catalogue_row_keeps_its_load_defaults(stories, stories_gguf_path):
         "pooling": "mean",
         "compile": False,
         "tensor_parallel": 1,
+        "attention": "",
     }
     assert row.created_at is not None and row.updated_at is not None
 

@@ -193,6 +193,7 @@ class Loaded(Message, tag="l"):
     # they are off (PANTHEON_KERNELS=off) or were not built, and torch's ops do all of it.
     kernels: list[str] = msgspec.field(default_factory=list)
     tensor_parallel: TensorParallel | None = None  # a split model's ranks; None: one device
+    attention: str = "gather"  # how attention reads the KV pool ("gather", "flex"): the load option's, or the default
 
 
 class Unloaded(Message, tag="u"):

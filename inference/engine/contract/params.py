@@ -143,6 +143,14 @@ class LoadOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
             "NCCL (0 or 1: not split; docs/tensor-parallel.md)"
         ),
     ] = 1
+    attention: Annotated[
+        Literal["", "gather", "flex"],
+        Meta(
+            description="how attention reads the paged KV cache: gather copies each sequence's blocks before "
+            "attending, flex reads them in place, every sequence of a step in one call (empty: gather; not with "
+            "tensor_parallel; docs/attention.md)"
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         for name in (

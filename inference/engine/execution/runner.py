@@ -25,6 +25,8 @@ DEFAULT_BLOCK_SIZE = 16
 # (on a CPU, decode rows go through the C paged kernel instead); "flex" reads the pool in place with torch's
 # flex_attention, every group of the step in one call (model/page_mask.py).
 ATTENTION_BACKENDS = ("gather", "flex")
+# The backend of a load that names none, on every device, until a CUDA run measures flex (docs/attention.md).
+DEFAULT_ATTENTION = "gather"
 
 
 def pool_blocks(positions: int, block_size: int) -> int:
@@ -50,7 +52,7 @@ class ModelRunner:
         block_size: int = DEFAULT_BLOCK_SIZE,
         cache_tokens: int = 0,
         kv_dtype: torch.dtype | None = None,
-        attention: str = "gather",
+        attention: str = DEFAULT_ATTENTION,
         host_cache_bytes: int = 0,
     ):
         if attention not in ATTENTION_BACKENDS:
@@ -75,10 +77,12 @@ class ModelRunner:
                 dtype=kv_dtype or model.norm.weight.dtype,
                 device=self.device,
                 host_cache_bytes=host_cache_bytes,
+                attention=attention,
             )
         self.graphs: DecodeGraphs | None = None  # the compiled decode step, when compile_decode made one
         self._warm_up_threads: int | None = None  # what compile_decode(now=False) asked warm_up_next to use
-        self.plan = DecodePlan.build(model)  # the decode step as kernel calls, where the model allows (decode_plan.py)
+        # the decode step as kernel calls, where the model allows (decode_plan.py); its paged kernel is gather's
+        self.plan = DecodePlan.build(model) if attention == "gather" else None
 
     def compile_decode(
         self, *, threads: int | None = None, buckets: list[int] | None = None, now: bool = True
@@ -139,11 +143,11 @@ class ModelRunner:
         chunk, of its last position [V] (of every position, [S, V], when `i in all_logits`), and of the decode rows
         [D, V].
 
-        Each chunk attends as its own group, unpadded, and the decode rows as one more (Transformer.forward), so a
-        burst of prompts and the running decoders cost one pass over the weights, not one per prompt plus one for
-        the decode. A decode-only step runs the compiled graph of its batch size when there is one. A slot appears
-        at most once; every slot must have room for what it appends, or the call raises ContextOverflow before
-        writing anything."""
+        Each chunk attends as its own group, unpadded, and the decode rows as one more (with flex: all of them in one
+        call; Transformer.forward), so a burst of prompts and the running decoders cost one pass over the weights, not
+        one per prompt plus one for the decode. A decode-only step runs the compiled graph of its batch size when there
+        is one. A slot appears at most once; every slot must have room for what it appends, or the call raises
+        ContextOverflow before writing anything."""
         slots = [slot for slot, _ in prefills] + decode_slots
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")

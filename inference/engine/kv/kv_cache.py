@@ -16,7 +16,9 @@ step reads a sequence's keys by gathering its blocks in table order (on any devi
 attention kernel for CPU); a lone sequence whose blocks are consecutive, as a fresh pool hands them out, is read as
 a view without a copy. The gather writes into two buffers kept across steps (keys, values; every layer reuses them,
 since a layer's attention is done before the next one reads), grown to the largest step read so far: a fresh
-tensor of that size per layer and step costs more in page faults on a CPU than the copy itself.
+tensor of that size per layer and step costs more in page faults on a CPU than the copy itself. With the "flex"
+attention backend nothing is gathered: every view carries its rows' block tables, and attention reads the pool in
+place (model/flex_attention.py).
 
 Only full blocks are shared. Before a slot writes into a partial last block that others hold or that is named as
 a cached prefix (after `truncate`), the block is copied (copy on write).
@@ -54,12 +56,12 @@ class CacheView:
     write_rows: torch.Tensor  # [B * S * Hkv] long: where each new (token, kv head) row of hd goes in a layer's pool
     blocks: slice | torch.Tensor | None  # a slice of the blocks for one row read as a view, else [Hkv * B * nb] rows
     # of a layer's pool seen as [Hkv * (num_blocks + 1), block_size * hd], in (kv head, row, block) order
-    # (scratch-padded); None for a decode step the paged kernel serves, which reads `table`
+    # (scratch-padded); None for a view that carries `table` instead
     num_rows: int
     length: int  # keys attended over: positions [0, length) of each row
     mask: torch.Tensor | None  # [B, 1, S, length] bool, True = attend; None when every row attends to everything
-    # a decode step the paged kernel serves (paged_attention.py): each row's blocks [B, nb] long (scratch-padded)
-    # and its length after this step [B] long; None otherwise
+    # a decode step the paged kernel serves (paged_attention.py), or any step of the flex backend: each row's blocks
+    # [B, nb] long (scratch-padded) and its length after this step [B] long; None otherwise
     table: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
 
@@ -77,7 +79,8 @@ class BlockTable:
 
 class KVCache:
     """Keys and values of every layer in a pool of `num_blocks` blocks of `block_size` positions; any sequence may
-    hold up to `context_window` positions."""
+    hold up to `context_window` positions. `attention` is the backend that reads it (runner.ATTENTION_BACKENDS):
+    "flex" views carry block tables instead of gather indices and masks."""
 
     def __init__(
         self,
@@ -90,8 +93,10 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        attention: str = "gather",
         host_cache_bytes: int = 0,
     ):
+        self.attention = attention
         self.context_window = context_window
         self.block_size = block_size
         self.device = torch.device(device)
@@ -117,6 +122,12 @@ class KVCache:
         if host_cache_bytes > 0:
             self.host = HostTier([*self.keys, *self.values], host_cache_bytes)
             self.pool.evicting = self.host.offload
+
+    @property
+    def zeroed_blocks(self) -> int:
+        """Blocks [0, n) of the pool hold finite values (zeroed when first handed out, or written since); every block a
+        slot holds is among them, the scratch block aside."""
+        return self._zeroed
 
     @property
     def num_slots(self) -> int:
@@ -335,8 +346,8 @@ class KVCache:
         """The view for appending `width` tokens to each of `slots` (a prompt's chunk: one slot; a decode batch:
         width 1). Allocates the blocks the new tokens need.
 
-        The indices are built as Python ints and copied to the device once each (a paged decode step's all in one
-        tensor): a decode step of a small model costs less than the handful of tensor ops that would compute them."""
+        The indices are built as Python ints and copied to the device once each (a table view's all in one tensor): a
+        decode step of a small model costs less than the handful of tensor ops that would compute them."""
         if len(set(slots)) != len(slots):
             raise ValueError(f"a slot appears twice in one step: {slots}")
         for slot in slots:
@@ -356,8 +367,8 @@ class KVCache:
                 base = table.blocks[p // bs] * bs + p % bs
                 write_rows += [h * per_head + base for h in heads]
         nb = -(-longest // bs)
-        if width == 1 and self.paged_decode:
-            return self._paged_decode_view(tables, starts, write_rows, nb)
+        if self.attention == "flex" or (width == 1 and self.paged_decode):
+            return self._table_view(tables, starts, width, write_rows, nb)
         first = tables[0].blocks[0]
         mask = None
         if len(slots) == 1 and tables[0].blocks[:nb] == list(range(first, first + nb)):
@@ -378,24 +389,26 @@ class KVCache:
             mask=mask,
         )
 
-    def _paged_decode_view(
-        self, tables: list[BlockTable], starts: list[int], write_rows: list[int], nb: int
+    def _table_view(
+        self, tables: list[BlockTable], starts: list[int], width: int, write_rows: list[int], nb: int
     ) -> CacheView:
-        """A decode step's view for the paged kernel: every index it reads cut from one tensor made from one list
-        (each tensor made from a list has a fixed cost larger than the few dozen ints it holds)."""
-        rows, writes = len(tables), len(write_rows)
-        index = long_tensor(
-            starts + [start + 1 for start in starts] + write_rows + self._padded_blocks(tables, nb), self.device
-        )  # positions [B], lengths [B], write rows [B * Hkv], block table [B * nb]
+        """A view that carries its rows' block tables (a decode step's for the paged kernel, any step's for flex):
+        every index cut from one tensor made from one list (each tensor made from a list has a fixed cost larger than
+        the few dozen ints it holds)."""
+        rows, count, writes = len(tables), len(tables) * width, len(write_rows)
+        positions = [p for start in starts for p in range(start, start + width)]
+        lengths = [start + width for start in starts]
+        index = long_tensor(positions + lengths + write_rows + self._padded_blocks(tables, nb), self.device)
+        # positions [B * S], lengths [B], write rows [B * S * Hkv], block table [B * nb]
         return CacheView(
-            positions=index[:rows].view(rows, 1),
-            write_rows=index[2 * rows : 2 * rows + writes],
+            positions=index[:count].view(rows, width),
+            write_rows=index[count + rows : count + rows + writes],
             blocks=None,
             num_rows=rows,
-            length=max(starts) + 1,
+            length=max(starts) + width,
             mask=None,
-            table=index[2 * rows + writes :].view(rows, nb),
-            lengths=index[rows : 2 * rows],
+            table=index[count + rows + writes :].view(rows, nb),
+            lengths=index[count : count + rows],
         )
 
     def _padded_blocks(self, tables: list[BlockTable], nb: int) -> list[int]:

@@ -18,7 +18,7 @@ import torch
 from inference.engine.contract.checkpoint import NotACheckpoint
 from inference.engine.contract.checkpoint import checkpoint_format as contract_checkpoint_format
 from inference.engine.errors import LoadError
-from inference.engine.execution.runner import DEFAULT_BLOCK_SIZE, ModelRunner
+from inference.engine.execution.runner import DEFAULT_ATTENTION, DEFAULT_BLOCK_SIZE, ModelRunner
 from inference.engine.loaders.build import build_model
 from inference.engine.loaders.gguf import read_gguf, stored_tensor_types
 from inference.engine.loaders.hf import read_hf_dir
@@ -65,11 +65,13 @@ def load_model(
     attachable: bool = False,
     progress: ReadProgress | None = None,
     shard: Shard | None = None,
+    attention: str = DEFAULT_ATTENTION,
 ) -> LoadedModel:
     """Loads a checkpoint. dtype defaults to float32 on CPU and bfloat16 on CUDA; context_window defaults to the
     model's own limit capped at DEFAULT_MAX_CONTEXT, and may not exceed the model's limit. The KV pool holds
     `max_concurrent` full windows and `cache_tokens` positions more for the prefix cache (see ModelRunner), in blocks
-    of `block_size`, in `kv_dtype` (default: the weights' dtype), and a host tier of `host_cache_bytes` behind it.
+    of `block_size`, in `kv_dtype` (default: the weights' dtype), read by the `attention` backend (runner.py),
+    and a host tier of `host_cache_bytes` behind it.
     `attachable` lays the weights out for a trainer to attach to (loaders/build.py) and exposes them as
     `parameters`; it cannot be combined with `quantize`. `progress` counts the tensors and bytes read. With dtype
     left automatic, a GGUF file's quantized tensors (QUANTIZED_TYPES) stay quantized on CPU (quant/stored_quant.py);
@@ -97,7 +99,7 @@ def load_model(
     return_freed_memory()
     runner = ModelRunner(
         model, max_concurrent=max_concurrent, context_window=context, block_size=block_size, cache_tokens=cache_tokens,
-        kv_dtype=kv_dtype, host_cache_bytes=host_cache_bytes,
+        kv_dtype=kv_dtype, host_cache_bytes=host_cache_bytes, attention=attention,
     )  # fmt: skip
     if shard is not None:
         runner.plan = None  # its kernel calls would skip the all-reduce (the decode plan is the forward's, lowered)

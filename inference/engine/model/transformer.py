@@ -29,6 +29,7 @@ from inference.engine.kernels.pointwise import kernel_serves, rms_norm, swiglu
 from inference.engine.kv.kv_cache import CacheView, KVCache
 from inference.engine.model.attention import Attend, CacheAttention
 from inference.engine.model.config import ModelConfig
+from inference.engine.model.flex_attention import FlexAttention
 from inference.engine.weights.shared_storage import SharedArena
 
 
@@ -288,14 +289,16 @@ class Transformer(nn.Module):
         `tokens` are the step's tokens of every group, flattened: group g is the `[B, S]` rows `views[g]` describes
         (its `positions`), row-major, and the groups follow each other. Every linear layer runs once over all of
         them, so a prompt's chunk and a batch of decode rows share one pass over the weights; attention runs per
-        group, since each has its own shape (a chunk of S positions, or one position per decode row)."""
+        group, since each has its own shape (a chunk of S positions, or one position per decode row), or with the
+        cache's "flex" backend over every group at once (model/flex_attention.py)."""
         # tokens: [T] long; select: [N] long -> logits: [T or N, V]
         if self.step_sink is not None:
             self.step_sink(tokens, views, select)
         positions = torch.cat([view.positions.reshape(-1) for view in views]) if len(views) > 1 else None
         x = self.embed.forward(tokens)
         cos, sin_signed = self.rope_rows(views[0].positions.reshape(-1) if positions is None else positions, x.dtype)
-        attend = CacheAttention(cache, views, cos, sin_signed, self.config.num_heads, self.config.num_kv_heads)
+        backend = FlexAttention if cache.attention == "flex" else CacheAttention
+        attend = backend(cache, views, cos, sin_signed, self.config.num_heads, self.config.num_kv_heads)
         x, delta = run_blocks(self.layers, x, attend)
         if select is not None:
             x, delta = x[select], delta[select]
